@@ -1,0 +1,76 @@
+# Efficient Attention, from the Ground Up.
+#   make lab    set up .venv, then open JupyterLab on lesson 00
+#   make test   set up .venv, then run every check CI runs
+# Every install goes through constraints.txt (torch pinned to 2.13.0).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PIP := $(BIN)/python -m pip
+LAB_ARGS ?=
+NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
+FIRST_LESSON := $(firstword $(NOTEBOOKS))
+
+# Tests and notebooks never touch the network: models load from installed packages only.
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export JUPYTER_PLATFORM_DIRS := 1
+export PYDEVD_DISABLE_FILE_VALIDATION := 1
+export PYTHONHASHSEED := 0
+
+.PHONY: venv lab test lint unit notebooks solutions exercises-run exercises check-exercises \
+        nbhead slides constraints clean
+
+venv: $(STAMP)
+
+# Rebuilt only when the dependencies change; safe to run again and again.
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade -c constraints.txt pip setuptools
+	$(PIP) install --quiet -c constraints.txt -e ".[dev]"
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (course)" >/dev/null
+	@touch $@
+
+lab: venv
+	$(BIN)/jupyter-lab $(FIRST_LESSON) $(LAB_ARGS)
+
+test: venv lint unit notebooks solutions exercises-run
+	@echo "make test: all checks passed"
+
+lint: venv
+	$(BIN)/ruff check .
+
+# Unit tests, plus the notebook-hygiene tests (executed in order, exercises in sync).
+unit: venv
+	$(BIN)/python -m pytest tests -q
+
+# Lessons and solutions run top to bottom; every stored output is compared.
+notebooks: venv
+	$(BIN)/python -m pytest --nbval notebooks --sanitize-with tools/nbval_sanitize.cfg -q
+
+solutions: venv
+	$(BIN)/python -m pytest --nbval solutions --sanitize-with tools/nbval_sanitize.cfg -q
+
+# Untouched exercise notebooks must run to the end and report "not attempted".
+exercises-run: venv
+	$(BIN)/python -m pytest --nbval-lax exercises -q
+
+# Regenerate exercises/ from solutions/ (stubs replace the solution regions).
+exercises: venv
+	$(BIN)/python tools/make_exercises.py
+
+# Rewrite the Colab badge and install cell of every notebook from pyproject's [tool.course].
+nbhead: venv
+	$(BIN)/python tools/nbhead.py
+
+# Re-resolve the pinned versions after a change to pyproject.toml's dependencies.
+constraints:
+	rm -rf .constraints-venv && $(PYTHON) -m venv .constraints-venv
+	.constraints-venv/bin/pip install --quiet "torch==2.13.0" -e ".[dev]"
+	{ sed -n '1,/^$$/p' constraints.txt | grep '^#'; .constraints-venv/bin/pip freeze --exclude-editable \
+	  | sed 's/^torch==2.13.0+cpu$$/torch==2.13.0/'; } > constraints.new && mv constraints.new constraints.txt
+	rm -rf .constraints-venv
+
+clean:
+	rm -rf $(VENV) slides/*.html .pytest_cache .ruff_cache

@@ -1,0 +1,76 @@
+"""Notebook set-up: seeds, device, Colab detection and the plotly renderer.
+
+Every notebook's first code cell after the Colab cell runs ``device = setup()``.
+"""
+
+import os
+import random
+import sys
+
+import numpy as np
+
+SEED = 0
+
+
+def in_colab():
+    """True when running inside Google Colab."""
+    return "google.colab" in sys.modules
+
+
+def small():
+    """True when the small-size switch is on (``COURSE_SMALL=1``): heavy cells shrink."""
+    return os.environ.get("COURSE_SMALL", "0") not in ("", "0")
+
+
+def pick_device():
+    """The best available torch device name: ``"cuda"``, then ``"mps"``, then ``"cpu"``."""
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def seed_everything(seed=SEED):
+    """Seed Python's, NumPy's global and torch's random number generators."""
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def set_plotly_renderer():
+    """Pick a plotly renderer: Colab's own there; elsewhere the JupyterLab MIME renderer.
+
+    ``plotly_mimetype`` stores the figure as JSON in the notebook (deterministic, so stored
+    outputs can be compared); ``COURSE_PLOTLY_RENDERER`` overrides the choice.
+    """
+    import plotly.io as pio
+
+    renderer = os.environ.get("COURSE_PLOTLY_RENDERER") or ("colab" if in_colab() else "plotly_mimetype")
+    pio.renderers.default = renderer
+    return renderer
+
+
+def setup(seed=SEED, *, verbose=True):
+    """Seed everything, pick the device and set the plotly renderer.
+
+    Args:
+        seed: seed for Python, NumPy and torch.
+        verbose: print one line describing the environment.
+
+    Returns:
+        The device name (``"cuda"``, ``"mps"`` or ``"cpu"``).
+    """
+    seed_everything(seed)
+    device = pick_device()
+    set_plotly_renderer()
+    np.set_printoptions(precision=4, suppress=True)
+    if verbose:
+        where = "Colab" if in_colab() else "local"
+        print(f"course_lib set up: seed={seed}, device={device}, runtime={where}")
+    return device

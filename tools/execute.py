@@ -1,0 +1,42 @@
+"""Execute notebooks in place, top to bottom in one fresh kernel, and store the outputs.
+
+    python tools/execute.py notebooks/01_attention_recap.ipynb [more.ipynb ...]
+
+Prints each notebook's wall time.  Run it after editing a lesson or a solution, then commit
+the executed notebook: nbval compares the stored outputs on every ``make test``.
+"""
+
+import argparse
+import pathlib
+import sys
+import time
+
+import nbformat
+from nbclient import NotebookClient
+
+
+def execute(path, timeout=600):
+    """Run ``path`` in place; return the wall time in seconds."""
+    path = pathlib.Path(path)
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
+                            resources={"metadata": {"path": str(path.parent)}})
+    start = time.perf_counter()
+    client.execute()
+    seconds = time.perf_counter() - start
+    nbformat.write(nb, path)
+    return seconds
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("paths", nargs="+")
+    parser.add_argument("--timeout", type=int, default=600, help="seconds per cell")
+    args = parser.parse_args(argv)
+    for path in args.paths:
+        print(f"{execute(path, args.timeout):7.1f} s  {path}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
