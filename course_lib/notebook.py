@@ -11,6 +11,12 @@ import numpy as np
 
 SEED = 0
 
+# The lesson map: notebook name → its title (the notebook's first heading; a test keeps the two equal).
+LESSONS = {
+    "00_welcome": "00 · Welcome to *Efficient Attention, from the Ground Up*",
+    "01_attention_recap": "01 · Attention recap",
+}
+
 
 def in_colab():
     """True when running inside Google Colab."""
@@ -74,3 +80,9 @@ def setup(seed=SEED, *, verbose=True):
         where = "Colab" if in_colab() else "local"
         print(f"course_lib set up: seed={seed}, device={device}, runtime={where}")
     return device
+
+
+def lesson_map():
+    """The lessons as a Markdown table (shown in notebook 00)."""
+    rows = [f"| `notebooks/{name}.ipynb` | {title} |" for name, title in LESSONS.items()]
+    return "\n".join(["| notebook | lesson |", "|---|---|", *rows])

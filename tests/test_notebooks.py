@@ -11,6 +11,7 @@ import sys
 import nbformat
 import pytest
 
+from course_lib import notebook
 from tests.conftest import ROOT
 
 LESSONS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -32,6 +33,15 @@ def test_lessons_are_numbered_from_00_without_gaps():
     numbers = [int(p.name[:2]) for p in LESSONS]
     assert numbers == list(range(len(numbers))) and len(numbers) >= 2, [p.name for p in LESSONS]
     assert all(re.fullmatch(r"\d\d_[a-z0-9_]+\.ipynb", p.name) for p in LESSONS + SOLUTIONS)
+
+
+def test_the_lesson_map_lists_every_lesson_with_its_title():
+    titles = {}
+    for path in LESSONS:
+        heading = next(c.source for c in nbformat.read(path, as_version=4).cells
+                       if c.cell_type == "markdown" and c.source.startswith("# "))
+        titles[path.stem] = heading.splitlines()[0][2:]
+    assert titles == notebook.LESSONS
 
 
 def test_every_lesson_from_01_has_a_solutions_notebook():
