@@ -9,6 +9,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/python -m pip
 LAB_ARGS ?=
+# JupyterLab refuses to start as root (containers, CI) unless told that it is intended.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 FIRST_LESSON := $(firstword $(NOTEBOOKS))
 
@@ -33,7 +35,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@touch $@
 
 lab: venv
-	$(BIN)/jupyter-lab $(FIRST_LESSON) $(LAB_ARGS)
+	$(BIN)/jupyter-lab $(FIRST_LESSON) $(ROOT_FLAG) $(LAB_ARGS)
 
 test: venv lint unit notebooks solutions exercises-run
 	@echo "make test: all checks passed"
@@ -63,6 +65,11 @@ exercises: venv
 # Rewrite the Colab badge and install cell of every notebook from pyproject's [tool.course].
 nbhead: venv
 	$(BIN)/python tools/nbhead.py
+
+# Lecture decks, one per lesson, that open offline: slides/NN_*.slides.html (+ slides/vendor/).
+# reveal.js, MathJax 2 and require.js come from tools/slides/package-lock.json (npm ci when needed).
+slides: venv
+	$(BIN)/python tools/build_slides.py
 
 # Re-resolve the pinned versions after a change to pyproject.toml's dependencies.
 constraints:
