@@ -36,3 +36,18 @@ DIMENSION_KEY = {
     "k": ("Linformer projected length", "k"),
     "f": ("feature-map size (Performer's m)", "m, C"),
 }
+
+
+def data_path(name):
+    """Path of a data file shipped inside the package (``course_lib/data/``).
+
+    The data are precomputed results that take longer than a lesson may run; each file names
+    the ``tools/`` script that regenerates it.  Shipping them as package data makes them
+    available wherever the course is installed, Colab included.
+    """
+    from importlib.resources import files
+
+    path = files("course_lib") / "data" / name
+    if not path.is_file():
+        raise FileNotFoundError(f"no course data file named {name!r} in course_lib/data/")
+    return path

@@ -15,6 +15,8 @@ SEED = 0
 LESSONS = {
     "00_welcome": "00 · Welcome to *Efficient Attention, from the Ground Up*",
     "01_attention_recap": "01 · Attention recap",
+    "02_low_rank": "02 · Self-attention is low rank",
+    "03_johnson_lindenstrauss": "03 · Random projections and the Johnson–Lindenstrauss lemma",
 }
 
 

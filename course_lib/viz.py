@@ -24,8 +24,12 @@ def style(fig, *, title=None, x_title=None, y_title=None, log_x=False, log_y=Fal
     """Apply the course layout to ``fig`` and return it."""
     fig.update_layout(template=TEMPLATE, title=title, height=height, margin=dict(l=60, r=20, t=60, b=50),
                       legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0))
-    fig.update_xaxes(title=x_title, type="log" if log_x else None)
-    fig.update_yaxes(title=y_title, type="log" if log_y else None)
+    # Only what was asked for: axes a caller already set (log scales, titles) stay as they are.
+    for update, axis_title, log in ((fig.update_xaxes, x_title, log_x), (fig.update_yaxes, y_title, log_y)):
+        if axis_title is not None:
+            update(title=axis_title)
+        if log:
+            update(type="log")
     return fig
 
 
@@ -47,3 +51,107 @@ def heatmap(matrix, *, colorscale="Viridis", zmin=None, zmax=None, **layout):
     fig.update_yaxes(autorange="reversed")
     layout.setdefault("height", 420)
     return style(fig, **layout)
+
+
+# --- Lesson 02 ---
+
+def spectrum_curves(curves, *, k_mark=None, title="Normalised cumulative singular values of P", height=440,
+                    dash=None):
+    """Normalised cumulative spectra c_k (Eq. 2.2) against k = 1 … r, one line per ``name: c``.
+
+    ``k_mark`` draws a dotted vertical line (e.g. at k = 128, the Linformer figure's mark).
+    """
+    x = np.arange(1, len(next(iter(curves.values()))) + 1)
+    fig = lines(x, curves, mode="lines", dash=dash, title=title, x_title="k (largest singular values kept)",
+                y_title="c_k", height=height)
+    if k_mark is not None:
+        fig.add_vline(x=k_mark, line_dash="dot", line_color="gray", annotation_text=f"k = {k_mark}")
+    fig.update_yaxes(range=[0, 1.02])
+    return fig
+
+
+def layer_head_heatmap(values, *, title=None, zmin=None, zmax=None, colorscale="Viridis", height=360):
+    """A ``(layers, heads)`` table as a heatmap, each cell labelled with its value; layer 1 on top."""
+    values = rounded(values)
+    layers, heads = values.shape
+    fig = go.Figure(go.Heatmap(z=values, x=[str(h + 1) for h in range(heads)], y=[str(i + 1) for i in range(layers)],
+                               text=np.round(values, 2), texttemplate="%{text:.2f}", colorscale=colorscale,
+                               zmin=zmin, zmax=zmax))
+    fig.update_yaxes(autorange="reversed")
+    fig = style(fig, title=title, x_title="head", y_title="layer", height=height)
+    fig.update_xaxes(type="category")
+    fig.update_yaxes(type="category")
+    return fig
+
+
+def low_rank_view(P, approx, *, k, title=None, height=380):
+    """Two heatmaps side by side: P and its best rank-k copy P_k (Eq. 2.5), on one colour scale."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("P", f"best rank-{k} copy P_k"), horizontal_spacing=0.08)
+    zmax = float(np.max(P))
+    for col, matrix in ((1, P), (2, approx)):
+        fig.add_trace(go.Heatmap(z=rounded(matrix), colorscale="Viridis", zmin=0, zmax=zmax, showscale=col == 2),
+                      row=1, col=col)
+    fig.update_yaxes(autorange="reversed")
+    fig = style(fig, title=title, height=height)
+    fig.update_xaxes(title="key position j")
+    fig.update_yaxes(title="query position i", col=1)
+    return fig
+
+
+def spectrum_and_error(sigma, cumulative, errors, *, k, title=None, height=380):
+    """One head's spectrum: σᵢ/σ₁ and c_k (left), the relative rank-k error (right), k marked on both."""
+    from plotly.subplots import make_subplots
+
+    ks = np.arange(1, len(sigma) + 1)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("spectrum", "relative error of the best rank-k copy"))
+    traces = ((1, "σ_k / σ_1", np.asarray(sigma) / sigma[0]), (1, "c_k", cumulative),
+              (2, "‖P − P_k‖_F / ‖P‖_F", errors))
+    for i, (col, name, y) in enumerate(traces):
+        fig.add_trace(go.Scatter(x=ks, y=rounded(y), name=name, mode="lines", line=dict(color=COLORS[i])),
+                      row=1, col=col)
+    for col in (1, 2):
+        fig.add_vline(x=k, line_dash="dot", line_color="gray", row=1, col=col)
+    fig = style(fig, title=title, height=height)
+    fig.update_xaxes(title="k")
+    return fig
+
+
+# --- Lesson 03 ---
+
+def _vertical(fig, x, y_low, y_high, name, color, dash):
+    """A vertical line at ``x`` drawn as a trace (named in the legend; safe on log axes)."""
+    fig.add_trace(go.Scatter(x=rounded([x, x]), y=rounded([y_low, y_high]), mode="lines", name=name,
+                             line=dict(color=color, dash=dash)))
+
+
+def distortion_histogram(distortion, *, bound=None, bins=40, title="Distortion of every pairwise distance",
+                         height=380):
+    """Bars counting the pairwise distortions |ratio − 1|, with the worst pair and the JL bound ε as lines.
+
+    The counts are binned here (``bins`` bars), so the figure stays small however many pairs.
+    """
+    distortion = np.asarray(distortion, dtype=float)
+    has_bound = bound is not None and np.isfinite(bound)
+    top = max(distortion.max(), bound if has_bound else 0.0) * 1.05
+    counts, edges = np.histogram(distortion, bins=bins, range=(0.0, top))
+    fig = go.Figure(go.Bar(x=rounded((edges[:-1] + edges[1:]) / 2), y=counts.tolist(), width=float(edges[1] - edges[0]),
+                           marker_color=COLORS[0], name="pairs"))
+    _vertical(fig, distortion.max(), 0, counts.max(), f"worst pair {distortion.max():.3f}", COLORS[1], None)
+    if has_bound:
+        _vertical(fig, bound, 0, counts.max(), f"JL bound ε = {bound:.3f}", COLORS[2], "dash")
+    return style(fig, title=title, x_title="|‖R(x_i − x_j)‖² / ‖x_i − x_j‖² − 1|", y_title="pairs", height=height)
+
+
+def measured_vs_bound(x, measured, bounds, *, marker=None, marker_label=None, **layout):
+    """Measured curves (solid) against bounds (dashed) on shared ``x``; NaN leaves a bound undrawn.
+
+    ``marker`` adds a dotted vertical line (e.g. at k = n) named ``marker_label`` in the legend.
+    """
+    fig = lines(x, {**measured, **bounds}, dash={name: "dash" for name in bounds}, **layout)
+    if marker is not None:
+        values = np.concatenate([np.asarray(y, dtype=float).ravel() for y in (*measured.values(), *bounds.values())])
+        values = values[np.isfinite(values)]
+        _vertical(fig, marker, values.min(), values.max(), marker_label, "gray", "dot")
+    return fig

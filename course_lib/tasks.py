@@ -1,0 +1,94 @@
+"""Small tasks and a text corpus for the lessons: nothing here downloads anything.
+
+The corpus (notebooks 02–04, 09) is real English prose that ships with Python itself: the
+help texts of the Python Language Reference that ``help("topic")`` shows, stored in the
+standard-library module ``pydoc_data.topics``.  Training tasks for the later lessons follow
+the corpus section.
+"""
+
+import functools
+import re
+
+# --- Text corpus ---------------------------------------------------------------------------
+
+CORPUS_SOURCE = "pydoc_data.topics (the Python Language Reference help texts in the standard library)"
+
+
+@functools.lru_cache(maxsize=1)
+def english_paragraphs():
+    """The prose paragraphs of ``pydoc_data.topics``, in a fixed order, one line each. Notebook 02, Section 2.2.
+
+    Topics are taken in sorted order and split at blank lines.  Code, grammar rules and tables
+    are dropped: a paragraph is kept when it has at least 8 words, no ``>>>`` prompt and no
+    ``::=`` rule, and at least 90 % of its characters are letters, spaces or plain punctuation.
+    A paragraph that appears under several topics is kept once.
+
+    Returns:
+        A tuple of strings (the same on every machine with the same Python version).
+    """
+    from pydoc_data.topics import topics
+
+    kept, seen = [], set()
+    for key in sorted(topics):
+        for block in re.split(r"\n\s*\n", topics[key]):
+            text = " ".join(block.split())
+            if len(text.split()) < 8 or ">>>" in text or "::=" in text or text in seen:
+                continue
+            prose = sum(c.isalpha() or c in " .,;:'()-\"" for c in text)
+            if prose >= 0.9 * len(text):
+                kept.append(text)
+                seen.add(text)
+    return tuple(kept)
+
+
+@functools.lru_cache(maxsize=8)
+def _passages(min_tokens, tokenizer):
+    counts = [len(e.ids) for e in tokenizer.encode_batch(list(english_paragraphs()))]  # with [CLS], [SEP]
+    passages, current, tokens = [], [], 2
+    for paragraph, count in zip(english_paragraphs(), counts, strict=True):
+        current.append(paragraph)
+        tokens += count - 2
+        if tokens >= min_tokens:
+            passages.append(" ".join(current))
+            current, tokens = [], 2
+    return tuple(passages)
+
+
+def english_passages(n_passages, min_tokens=512, tokenizer=None):
+    """The first ``n_passages`` passages of English text, each ``min_tokens`` long or more. Notebook 02, Section 2.2.
+
+    A passage is a run of consecutive paragraphs of ``english_paragraphs()``, closed as soon as
+    it reaches ``min_tokens`` tokens ([CLS] and [SEP] included), so
+    ``load_minilm().attention_maps(passage, max_length=min_tokens, truncate=True)`` gives
+    exactly ``n = min_tokens``.  Passages never overlap.  With the default 512 there are more
+    than 100 of them.
+
+    Args:
+        n_passages: how many passages (at least 1).
+        min_tokens: the least number of tokens per passage (2 to 512).
+        tokenizer: a ``tokenizers.Tokenizer`` that counts tokens (default: MiniLM's).
+
+    Returns:
+        A list of ``n_passages`` strings, the same on every call.
+    """
+    if not 2 <= min_tokens <= 512:
+        raise ValueError(f"min_tokens must be between 2 and 512 (the model's positions), got {min_tokens}.")
+    if tokenizer is None:
+        from course_lib.pretrained import load_tokenizer
+
+        tokenizer = _default_tokenizer(load_tokenizer)
+    passages = _passages(min_tokens, tokenizer)
+    if not 1 <= n_passages <= len(passages):
+        raise ValueError(f"n_passages must be between 1 and {len(passages)} (the passages of at least "
+                         f"{min_tokens} tokens in {CORPUS_SOURCE}), got {n_passages}.")
+    return list(passages[:n_passages])
+
+
+_TOKENIZERS = {}
+
+
+def _default_tokenizer(load):
+    """MiniLM's tokenizer, loaded once (one object, so ``_passages`` caches on it)."""
+    if "minilm" not in _TOKENIZERS:
+        _TOKENIZERS["minilm"] = load()
+    return _TOKENIZERS["minilm"]

@@ -1,0 +1,54 @@
+"""The offline English corpus of course_lib.tasks: real text, long enough, the same every time."""
+
+import pytest
+
+from course_lib import tasks
+from course_lib.pretrained import load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer()
+
+
+def test_at_least_100_passages_of_512_tokens(tokenizer):
+    passages = tasks.english_passages(100, tokenizer=tokenizer)
+    assert len(passages) == 100 == len(set(passages))
+    lengths = [len(e.ids) for e in tokenizer.encode_batch(passages)]
+    assert min(lengths) >= 512
+
+
+def test_passages_are_deterministic(tokenizer):
+    first = tasks.english_passages(100)
+    tasks.english_paragraphs.cache_clear()
+    tasks._passages.cache_clear()
+    assert tasks.english_passages(100) == first
+    assert tasks.english_passages(100, tokenizer=tokenizer) == first
+    assert tasks.english_passages(3) == first[:3]
+
+
+def test_passages_are_runs_of_prose_paragraphs(tokenizer):
+    paragraphs = tasks.english_paragraphs()
+    text = " ".join(paragraphs)
+    for passage in tasks.english_passages(20, tokenizer=tokenizer):
+        assert passage in text
+        letters = sum(c.isalpha() or c.isspace() for c in passage)
+        assert letters > 0.85 * len(passage)
+    assert not any(">>>" in p or "::=" in p for p in paragraphs)
+
+
+def test_shorter_passages_are_more_numerous(tokenizer):
+    short = tasks.english_passages(1, min_tokens=128, tokenizer=tokenizer)
+    assert len(tokenizer.encode(short[0]).ids) >= 128
+    with pytest.raises(ValueError, match="n_passages must be between 1 and"):
+        tasks.english_passages(10_000, min_tokens=128, tokenizer=tokenizer)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"n_passages": 0}, "n_passages must be between 1 and"),
+    ({"n_passages": 1, "min_tokens": 1}, "min_tokens must be between 2 and 512"),
+    ({"n_passages": 1, "min_tokens": 513}, "min_tokens must be between 2 and 512"),
+])
+def test_bad_arguments_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        tasks.english_passages(**kwargs)
