@@ -17,6 +17,8 @@ LESSONS = {
     "01_attention_recap": "01 · Attention recap",
     "02_low_rank": "02 · Self-attention is low rank",
     "03_johnson_lindenstrauss": "03 · Random projections and the Johnson–Lindenstrauss lemma",
+    "04_linformer": "04 · Linformer: attention through k projected keys",
+    "05_parameter_sharing": "05 · Parameter sharing in Linformer",
 }
 
 

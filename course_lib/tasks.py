@@ -92,3 +92,71 @@ def _default_tokenizer(load):
     if "minilm" not in _TOKENIZERS:
         _TOKENIZERS["minilm"] = load()
     return _TOKENIZERS["minilm"]
+
+
+# --- Lesson 05: sequence reversal ----------------------------------------------------------
+
+def reversal_batch(batch_size, n, vocab_size, generator):
+    """A batch of the reversal task: read n random tokens, emit them in reverse order. Notebook 05.
+
+    A non-causal relative of the copy task of Katharopoulos et al. 2020, §4.1: the target at
+    position i is the input token at position n - 1 - i, so every output needs a token from
+    elsewhere in the sequence, and the attention that solves it is a permutation matrix —
+    rank n, the opposite of the low-rank attention of notebook 02.
+
+    Args:
+        batch_size, n, vocab_size: batch size b, sequence length n, number of token values.
+        generator: a ``torch.Generator``; the same generator state gives the same batch.
+
+    Returns:
+        ``(tokens, targets)``, both ``(b, n)`` int64.
+    """
+    import torch
+
+    tokens = torch.randint(0, vocab_size, (batch_size, n), generator=generator)  # (b, n)
+    return tokens, tokens.flip(-1)
+
+
+def reversal_loss(model, tokens, targets):
+    """Mean cross-entropy of ``model(tokens)`` (logits ``(b, n, vocab)``) against ``targets``."""
+    import torch.nn.functional as F
+
+    logits = model(tokens)  # (b, n, vocab)
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def train_reversal(model, *, n, vocab_size, steps, generator, batch_size=32, lr=3e-3, log_every=10):
+    """Train ``model`` on fresh reversal batches with Adam; return the logged training losses.
+
+    Every step draws a new batch from ``generator``, so a run is fixed by the generator's seed
+    and the model's initial weights (seed torch before building the model).
+
+    Returns:
+        ``{"step": [...], "loss": [...]}``: the loss every ``log_every`` steps (and the last).
+    """
+    import torch
+
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    history = {"step": [], "loss": []}
+    model.train()
+    for step in range(1, steps + 1):
+        loss = reversal_loss(model, *reversal_batch(batch_size, n, vocab_size, generator))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step % log_every == 0 or step == steps:
+            history["step"].append(step)
+            history["loss"].append(loss.item())
+    return history
+
+
+def evaluate_reversal(model, *, n, vocab_size, generator, batch_size=256):
+    """``(loss, accuracy)`` of ``model`` on one held-out reversal batch; accuracy is per token."""
+    import torch
+
+    tokens, targets = reversal_batch(batch_size, n, vocab_size, generator)
+    model.eval()
+    with torch.no_grad():
+        loss = reversal_loss(model, tokens, targets).item()
+        accuracy = (model(tokens).argmax(-1) == targets).double().mean().item()
+    return loss, accuracy

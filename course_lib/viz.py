@@ -118,6 +118,90 @@ def spectrum_and_error(sigma, cumulative, errors, *, k, title=None, height=380):
     return fig
 
 
+# --- Lesson 04 ---
+
+def bench_figure(rows, *, title="Time and peak memory versus n", height=440):
+    """Benchmark rows (``course_lib.bench``) as two log-log panels: median time and peak memory versus n.
+
+    One trace per variant, and per k for variants that have one; failed cases are left out.
+    """
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("forward time (s)", "peak memory (MiB)"))
+    groups = {}
+    for row in rows:
+        if row.get("status") == "ok":
+            label = row["variant"] + (f", k = {row['k']}" if row.get("k") else "")
+            groups.setdefault(label, []).append(row)
+    for i, (label, group) in enumerate(sorted(groups.items())):
+        group = sorted(group, key=lambda r: r["n"])
+        n = [r["n"] for r in group]
+        for col, y in ((1, [r["time_median_s"] for r in group]), (2, [r["peak_bytes"] / 2**20 for r in group])):
+            fig.add_trace(go.Scatter(x=n, y=rounded(y, 3), name=label, legendgroup=label, showlegend=col == 1,
+                                     mode="lines+markers", line=dict(color=COLORS[i % len(COLORS)])),
+                          row=1, col=col)
+    style(fig, title=title, height=height)
+    fig.update_xaxes(title="n", type="log")
+    fig.update_yaxes(type="log")
+    return fig
+
+
+def error_versus_k(ks, series, *, title="Linformer's error versus k", y_title="relative error", **layout):
+    """Approximation error (one line per projection family) against the projected length k, log y."""
+    return lines(ks, series, title=title, x_title="k", y_title=y_title, log_y=True, **layout)
+
+
+def context_maps(maps, *, title=None, zmax=None, height=340, digits=3):
+    """Side-by-side heatmaps of n × s context-mapping matrices (``title: matrix``), one colour scale.
+
+    Rounded to ``digits`` significant digits: these figures sit in widget outputs and stay small.
+    """
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=len(maps), subplot_titles=list(maps), horizontal_spacing=0.04)
+    zmax = zmax if zmax is not None else float(max(np.max(m) for m in maps.values()))
+    for col, matrix in enumerate(maps.values(), start=1):
+        fig.add_trace(go.Heatmap(z=rounded(matrix, digits), zmin=0.0, zmax=zmax, colorscale="Viridis",
+                                 showscale=col == len(maps)), row=1, col=col)
+        fig.update_yaxes(autorange="reversed", row=1, col=col)
+    return style(fig, title=title, height=height)
+
+
+# --- Lesson 05 ---
+
+def sharing_counts(counts, *, title="Distinct projection matrices per sharing mode", height=360):
+    """Bars of ``{sharing mode: number of distinct E/F matrices}`` on a log axis, each labelled."""
+    names, values = list(counts), [counts[name] for name in counts]
+    fig = go.Figure(go.Bar(x=names, y=values, text=[str(v) for v in values], textposition="outside",
+                           marker_color=[COLORS[i % len(COLORS)] for i in range(len(names))]))
+    return style(fig, title=title, x_title="sharing", y_title="matrices (log scale)", log_y=True, height=height)
+
+
+def loss_curves(histories, *, title="Training loss", log_y=True, **layout):
+    """One line per ``name: (steps, losses)``; losses on a log axis by default."""
+    fig = go.Figure()
+    for i, (name, (steps, losses)) in enumerate(histories.items()):
+        fig.add_trace(go.Scatter(x=list(steps), y=rounded(losses), name=name, mode="lines",
+                                 line=dict(color=COLORS[i % len(COLORS)])))
+    return style(fig, title=title, x_title="step", y_title="cross-entropy", log_y=log_y, **layout)
+
+
+def accuracy_grid(rows, *, title="Held-out accuracy: Linformer at each (n, k) and exact attention", height=380):
+    """Accuracy against n, one line per k (``rows``: dicts with n, k (None for exact), accuracy)."""
+    groups = {}
+    for row in rows:
+        groups.setdefault("exact" if row["k"] is None else f"k = {row['k']}", []).append(row)
+    fig = go.Figure()
+    for i, (label, group) in enumerate(sorted(groups.items(), key=lambda item: (item[0] != "exact", item[0]))):
+        group = sorted(group, key=lambda r: r["n"])
+        fig.add_trace(go.Scatter(x=[r["n"] for r in group], y=rounded([r["accuracy"] for r in group]), name=label,
+                                 mode="lines+markers", line=dict(color=COLORS[i % len(COLORS)],
+                                                                 dash="dash" if label == "exact" else None)))
+    fig = style(fig, title=title, x_title="n", y_title="accuracy per token", log_x=True, height=height)
+    fig.update_xaxes(tickvals=sorted({r["n"] for r in rows}))
+    return fig
+
+
 # --- Lesson 03 ---
 
 def _vertical(fig, x, y_low, y_high, name, color, dash):
