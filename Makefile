@@ -49,10 +49,10 @@ unit: venv
 
 # Lessons and solutions run top to bottom; every stored output is compared.
 notebooks: venv
-	$(BIN)/python -m pytest --nbval notebooks --sanitize-with tools/nbval_sanitize.cfg -q
+	$(BIN)/python -m pytest --nbval notebooks --nbval-sanitize-with tools/nbval_sanitize.cfg -q
 
 solutions: venv
-	$(BIN)/python -m pytest --nbval solutions --sanitize-with tools/nbval_sanitize.cfg -q
+	$(BIN)/python -m pytest --nbval solutions --nbval-sanitize-with tools/nbval_sanitize.cfg -q
 
 # Untouched exercise notebooks must run to the end and report "not attempted".
 exercises-run: venv
@@ -80,4 +80,4 @@ constraints:
 	rm -rf .constraints-venv
 
 clean:
-	rm -rf $(VENV) slides/*.html .pytest_cache .ruff_cache
+	rm -rf $(VENV) slides/*.html slides/vendor tools/slides/node_modules .pytest_cache .ruff_cache

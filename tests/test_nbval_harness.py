@@ -19,7 +19,7 @@ LESSON = ROOT / "notebooks" / "00_welcome.ipynb"
 
 def _nbval(path):
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--nbval", str(path),
-                           "--sanitize-with", str(ROOT / "tools" / "nbval_sanitize.cfg")],
+                           "--nbval-sanitize-with", str(ROOT / "tools" / "nbval_sanitize.cfg")],
                           cwd=path.parent, capture_output=True, text=True, timeout=300)
 
 

@@ -21,6 +21,7 @@ FOLDERS = ("notebooks", "solutions", "exercises")
 BADGE_TAG, INSTALL_TAG = "colab-badge", "colab-install"
 KEEP_FILE = "/tmp/course-keep.txt"
 PACKAGE = "efficient-attention-course"
+GITHUB = "https://github.com/"
 
 
 def course_config():
@@ -38,7 +39,9 @@ def install_requirement():
 def badge_markdown(relpath):
     """The badge that opens ``relpath`` (e.g. ``notebooks/01_x.ipynb``) in Colab."""
     repository, ref = course_config()
-    github = repository.removeprefix("https://github.com/")
+    if not repository.startswith(GITHUB):
+        raise ValueError(f"[tool.course] repository must be on GitHub for Colab to open it: {repository}")
+    github = repository.removeprefix(GITHUB)
     url = f"https://colab.research.google.com/github/{github}/blob/{ref}/{relpath}"
     return f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({url})"
 
@@ -51,6 +54,7 @@ def install_source():
         "import sys\n"
         "\n"
         'if "google.colab" in sys.modules:\n'
+        "    import importlib\n"
         "    import subprocess\n"
         "    from importlib.metadata import version\n"
         "\n"
@@ -58,7 +62,8 @@ def install_source():
         '        keep.write("\\n".join(f"{name}=={version(name)}" for name in ("torch", "numpy")))\n'
         f'    package = "{PACKAGE} @ git+{repository}"\n'
         f'    pip = [sys.executable, "-m", "pip", "install", "--quiet", "-c", "{KEEP_FILE}"]\n'
-        f'    subprocess.run([*pip, f"{{package}}@{ref}"], check=True)'
+        f'    subprocess.run([*pip, f"{{package}}@{ref}"], check=True)\n'
+        "    importlib.invalidate_caches()  # so this running kernel finds the new package"
     )
 
 
@@ -83,7 +88,8 @@ def head_is_current(nb, relpath):
     if len(nb.cells) < 2:
         return False
     badge, install = nb.cells[0], nb.cells[1]
-    return (_tagged(badge, BADGE_TAG) and badge.source == badge_markdown(relpath)
+    skipped = all(c.get("metadata", {}).get("slideshow", {}).get("slide_type") == "skip" for c in (badge, install))
+    return (skipped and _tagged(badge, BADGE_TAG) and badge.source == badge_markdown(relpath)
             and _tagged(install, INSTALL_TAG) and install.source == install_source())
 
 
