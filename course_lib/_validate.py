@@ -63,7 +63,7 @@ def check_key_mask(key_mask, k, is_bool):
         )
     if not _broadcastable(key_mask.shape[:-1], k.shape[:-2]):
         raise ValueError(
-            f"key_mask leading dims {tuple(key_mask.shape[:-1])} do not broadcast with k's "
+            f"key_mask leading dims {tuple(key_mask.shape[:-1])} do not broadcast with the keys' "
             f"{tuple(k.shape[:-2])}; for k of shape (b, h, s, d) pass a mask of shape (b, 1, s)."
         )
 
@@ -88,8 +88,9 @@ def check_projection(name, proj, k, is_float):
         raise ValueError(f"{name} has k = {rows} rows, more than its n = {cols} columns: Linformer projects "
                          f"n positions down to k <= n. Did you pass {name} transposed, as (n, k)?")
     if cols < s:
-        raise ValueError(f"{name} must have shape (..., k, n) with n >= s = {s} key positions (k is "
-                         f"{tuple(k.shape)}), got {tuple(proj.shape)}: the input is longer than the maximum length.")
+        raise ValueError(f"{name} must have shape (..., k, n) with n >= s = {s} key positions (the keys "
+                         f"have shape {tuple(k.shape)}), got {tuple(proj.shape)}: the input is longer than "
+                         "the maximum length.")
     if not _broadcastable(proj.shape[:-2], k.shape[:-2]):
-        raise ValueError(f"{name} leading dims {tuple(proj.shape[:-2])} do not broadcast with k's "
+        raise ValueError(f"{name} leading dims {tuple(proj.shape[:-2])} do not broadcast with the keys' "
                          f"{tuple(k.shape[:-2])}; use (k, n) for one projection, (h, k, n) for one per head.")

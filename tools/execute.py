@@ -14,8 +14,15 @@ import time
 import nbformat
 from nbclient import NotebookClient
 
+# Per-cell limit: a whole lesson must run in 90 s, so no cell needs more.  It also bounds a
+# sporadic stall seen here with nbclient 0.11 + pyzmq 27: after a cell that creates widgets, the
+# execute reply sometimes goes unnoticed until the poll times out, and only then is it read
+# (the cell's outputs are complete and correct; only the wait is lost).  nbval, which make test
+# uses, polls with blocking sockets and has not shown it.
+CELL_TIMEOUT_S = 90
 
-def execute(path, timeout=600):
+
+def execute(path, timeout=CELL_TIMEOUT_S):
     """Run ``path`` in place; return the wall time in seconds."""
     path = pathlib.Path(path)
     nb = nbformat.read(path, as_version=4)
@@ -31,7 +38,7 @@ def execute(path, timeout=600):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+")
-    parser.add_argument("--timeout", type=int, default=600, help="seconds per cell")
+    parser.add_argument("--timeout", type=int, default=CELL_TIMEOUT_S, help="seconds per cell")
     args = parser.parse_args(argv)
     for path in args.paths:
         print(f"{execute(path, args.timeout):7.1f} s  {path}", flush=True)
