@@ -3,7 +3,7 @@
 import numpy as np
 
 from course_lib.checks import Exercise, Mistake
-from course_lib.numpy import full, linformer
+from course_lib.numpy import linformer, lowrank
 
 # --- Exercise 5.1: count the distinct projection matrices ---------------------------------
 
@@ -45,63 +45,44 @@ exercise_5_1 = Exercise("5.1", "count the distinct projection matrices", _count_
                         MISTAKES_5_1, names=("count",))
 
 
-# --- Exercise 5.2: one Linformer head with a padding mask (NumPy) -------------------------
+# --- Exercise 5.2: the best rank-k error of the reversal permutation (Eq. 5.5) -------------
 
-def _head_reference(q, k, v, E, F, key_mask):
-    weights = linformer.linformer_weights(q, k, E, key_mask=key_mask)
-    return weights, linformer.linformer_attention(q, k, v, E, F, key_mask=key_mask)
+def reversal_matrix(n):
+    """The anti-diagonal permutation J ``(n, n)``: the attention that reverses a sequence."""
+    return np.eye(n)[::-1]
 
 
-def _head_with(*, zero_keys=True, zero_values=True, scale=True, feature_axis=False):
-    """The exercise's function, made with one slip."""
-    def head(q, k, v, E, F, key_mask):
-        s = k.shape[-2]
-        keep = key_mask[:, None]  # (s, 1)
-        k = np.where(keep, k, 0.0) if zero_keys else k
-        v = np.where(keep, v, 0.0) if zero_values else v
-        if feature_axis:  # E applied to the d features of each key, not to the s positions
-            k_bar, v_bar = (k @ E[:, :s].T).T, (v @ F[:, :s].T).T  # (k, d) only when d = s
-        else:
-            k_bar, v_bar = E[:, :s] @ k, F[:, :s] @ v  # (k, d), (k, e)
-        scores = q @ k_bar.T / (np.sqrt(q.shape[-1]) if scale else 1.0)  # (n, k)
-        weights = full.masked_softmax(scores)
-        return weights, weights @ v_bar
-    return head
+def _reversal_reference(n, k):
+    J = reversal_matrix(n)
+    return lowrank.singular_values(J), lowrank.truncation_error(J, k, relative=True)
+
+
+def _reversal_with(error_of):
+    """The exercise's function with the right singular values and a slipped error ``error_of(n, k)``."""
+    def reversal_error(n, k):
+        return np.ones(n), error_of(n, k)
+    return reversal_error
 
 
 MISTAKES_5_2 = (
-    Mistake("padding-ignored", _head_with(zero_keys=False, zero_values=False),
-            "the padded keys and values were projected too: E mixes every position into every projected key, "
-            "so zero the rows where key_mask is False BEFORE projecting (masking afterwards is too late)."),
-    Mistake("padded-values-kept", _head_with(zero_values=False),
-            "the keys were cleaned but the values were not: F v also mixes the padded rows — zero them in v too."),
-    Mistake("feature-axis", _head_with(feature_axis=True),
-            "E was applied along the feature axis (k @ E.T); Linformer projects the SEQUENCE axis: E[:, :s] @ k "
-            "turns s positions into k mixtures, each still a d-dimensional key."),
-    Mistake("missing-scale", _head_with(scale=False),
-            "the scores are not scaled: divide q (E k)ᵀ by √d before the softmax, as in exact attention."),
+    Mistake("not-square-rooted", _reversal_with(lambda n, k: 1 - k / n),
+            "that is the squared error: ‖J − J_k‖_F is the square ROOT of the sum of the dropped σ² (Eq. 2.5)."),
+    Mistake("not-relative", _reversal_with(lambda n, k: np.sqrt(n - k)),
+            "that is the absolute error ‖J − J_k‖_F; divide by ‖J‖_F = √n for the relative one."),
+    Mistake("share-kept", _reversal_with(lambda n, k: np.sqrt(k / n)),
+            "that is the share of J the k kept directions hold; the error is what the n − k dropped ones hold."),
+    Mistake("spectral-norm", _reversal_with(lambda n, k: float(k < n)),
+            "that is the error in the spectral norm (the largest dropped σ, 1 here); Eq. (5.5) uses the "
+            "Frobenius norm, which adds up every dropped σ²."),
 )
 
 
-def _head_case(seed, n, s, n_max, k, d, e, n_real):
-    rng = np.random.default_rng(seed)
-    q, keys, v = rng.standard_normal((n, d)), rng.standard_normal((s, d)), rng.standard_normal((s, e))
-    E, F = rng.standard_normal((2, k, n_max)) / np.sqrt(k)
-    key_mask = np.arange(s) < n_real  # (s,)
-    keys[~key_mask], v[~key_mask] = 5.0, -5.0  # what a padding token's key and value could look like
-    return q, keys, v, E, F, key_mask
-
-
 def _cases_5_2():
-    return [
-        ("n = s = d = e = 6, k = 3, the last 2 keys padded", _head_case(51, 6, 6, 6, 3, 6, 6, 4), {}),
-        ("n = 4, s = 7, n_max = 10, k = 3, d = 3, e = 2, the last 3 keys padded",
-         _head_case(52, 4, 7, 10, 3, 3, 2, 4), {}),
-        ("n = s = 5, n_max = 8, k = 4, d = 2, e = 3, no padding", _head_case(53, 5, 5, 8, 4, 2, 3, 5), {}),
-    ]
+    return [("n = 8, k = 2", (8, 2), {}), ("n = 32, k = 8", (32, 8), {}), ("n = 12, k = 9", (12, 9), {}),
+            ("n = 6, k = 6", (6, 6), {})]
 
 
-exercise_5_2 = Exercise("5.2", "a Linformer head with a padding mask (NumPy)", _head_reference, _cases_5_2,
-                        MISTAKES_5_2, names=("weights", "output"))
+exercise_5_2 = Exercise("5.2", "the best rank-k error of the reversal permutation", _reversal_reference,
+                        _cases_5_2, MISTAKES_5_2, names=("singular values", "relative error"))
 
 EXERCISES = [exercise_5_1, exercise_5_2]
