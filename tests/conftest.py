@@ -64,3 +64,14 @@ def tree(request):
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+def make_qkv(rng, lead=(2, 3), n=7, s=7, d=5, e=4):
+    """Random float64 ``q (*lead, n, d)``, ``k (*lead, s, d)``, ``v (*lead, s, e)``."""
+    return (rng.standard_normal((*lead, n, d)), rng.standard_normal((*lead, s, d)),
+            rng.standard_normal((*lead, s, e)))
+
+
+def padding_mask(lengths, s):
+    """Boolean ``(b, s)``: True for the first ``lengths[i]`` positions of row i."""
+    return np.arange(s)[None, :] < np.asarray(lengths)[:, None]

@@ -9,23 +9,14 @@ from hypothesis import strategies as st
 
 from course_lib.numpy import full as np_full
 from course_lib.torch import full as torch_full
-from tests.conftest import requires_cuda
-
-
-def _qkv(rng, lead=(2, 3), n=7, s=7, d=5, e=4):
-    return (rng.standard_normal((*lead, n, d)), rng.standard_normal((*lead, s, d)),
-            rng.standard_normal((*lead, s, e)))
-
-
-def _padding(lengths, s):
-    return np.arange(s)[None, :] < np.asarray(lengths)[:, None]  # (b, s)
+from tests.conftest import make_qkv, padding_mask, requires_cuda
 
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("masked", [False, True])
 def test_every_tree_matches_the_numpy_reference(tree, rng, causal, masked):
-    q, k, v = _qkv(rng)
-    key_mask = _padding([7, 4], 7)[:, None, :] if masked else None  # (b, 1, s)
+    q, k, v = make_qkv(rng)
+    key_mask = padding_mask([7, 4], 7)[:, None, :] if masked else None  # (b, 1, s)
     expected = np_full.softmax_attention(q, k, v, causal=causal, key_mask=key_mask)
     args = tree.arrays(q, k, v)
     got = tree.full.softmax_attention(*args, causal=causal, key_mask=None if key_mask is None else tree.array(key_mask))
@@ -35,8 +26,8 @@ def test_every_tree_matches_the_numpy_reference(tree, rng, causal, masked):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("masked", [False, True])
 def test_matches_scaled_dot_product_attention(rng, causal, masked):
-    q, k, v = (torch.as_tensor(x) for x in _qkv(rng, e=5))
-    key_mask = torch.as_tensor(_padding([7, 3], 7))[:, None, :] if masked else None  # (b, 1, s)
+    q, k, v = (torch.as_tensor(x) for x in make_qkv(rng, e=5))
+    key_mask = torch.as_tensor(padding_mask([7, 3], 7))[:, None, :] if masked else None  # (b, 1, s)
     sdpa_mask = None
     if masked:
         sdpa_mask = key_mask[..., None, :]  # (b, 1, 1, s)
@@ -51,7 +42,7 @@ def test_matches_scaled_dot_product_attention(rng, causal, masked):
 
 
 def test_weights_are_the_context_mapping_matrix(tree, rng):
-    q, k, v = _qkv(rng)
+    q, k, v = make_qkv(rng)
     weights = tree.numpy(tree.full.attention_weights(*tree.arrays(q, k)))
     scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
     expected = np.exp(scores) / np.exp(scores).sum(-1, keepdims=True)
@@ -65,20 +56,20 @@ def test_causal_mask_aligns_queries_with_the_last_keys():
 
 
 def test_a_query_with_no_real_key_gets_zero_weights_not_nan(tree, rng):
-    q, k, v = _qkv(rng, lead=(1,))
+    q, k, v = make_qkv(rng, lead=(1,))
     key_mask = np.zeros((1, 7), bool)
     out = tree.numpy(tree.full.softmax_attention(*tree.arrays(q, k, v), key_mask=tree.array(key_mask)))
     assert np.isfinite(out).all() and (out == 0).all()
 
 
 def test_large_scores_do_not_overflow(tree, rng):
-    q, k, v = _qkv(rng)
+    q, k, v = make_qkv(rng)
     out = tree.numpy(tree.full.softmax_attention(*tree.arrays(q * 1e3, k * 1e3, v)))
     assert np.isfinite(out).all()
 
 
 def test_half_precision_is_normalised_in_float32(rng):
-    q, k, v = (torch.as_tensor(x, dtype=torch.float16) for x in _qkv(rng, n=64, s=64))
+    q, k, v = (torch.as_tensor(x, dtype=torch.float16) for x in make_qkv(rng, n=64, s=64))
     weights = torch_full.attention_weights(q, k)
     assert weights.dtype == torch.float16
     torch.testing.assert_close(weights.float().sum(-1), torch.ones(2, 3, 64), rtol=2e-3, atol=2e-3)
@@ -98,7 +89,7 @@ def test_split_and_merge_heads_are_inverse(tree, rng):
 def test_numpy_multi_head_matches_torch_module(rng):
     module = torch_full.MultiHeadAttention(12, 3, bias=False).double()
     x = rng.standard_normal((2, 6, 12))
-    key_mask = _padding([6, 4], 6)
+    key_mask = padding_mask([6, 4], 6)
     layers = (module.q_proj, module.k_proj, module.v_proj, module.out_proj)
     weights = [layer.weight.detach().numpy().T for layer in layers]
     expected = np_full.multi_head_attention(x, *weights, 3, causal=True, key_mask=key_mask)
@@ -115,7 +106,7 @@ def test_module_matches_torch_multihead_attention(rng):
         theirs.out_proj.weight.copy_(ours.out_proj.weight)
         theirs.out_proj.bias.copy_(ours.out_proj.bias)
     x = torch.as_tensor(rng.standard_normal((2, 5, 16)))
-    key_mask = torch.as_tensor(_padding([5, 2], 5))
+    key_mask = torch.as_tensor(padding_mask([5, 2], 5))
     expected, _ = theirs(x, x, x, key_padding_mask=~key_mask, need_weights=False)
     torch.testing.assert_close(ours(x, key_mask=key_mask), expected)
 

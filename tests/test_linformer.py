@@ -12,20 +12,12 @@ from course_lib.numpy import full as np_full
 from course_lib.numpy import linformer as np_lin
 from course_lib.torch import full as torch_full
 from course_lib.torch import linformer as torch_lin
-from tests.conftest import requires_cuda
-
-
-def _qkv(rng, lead=(2, 3), n=7, s=7, d=5, e=4):
-    return (rng.standard_normal((*lead, n, d)), rng.standard_normal((*lead, s, d)),
-            rng.standard_normal((*lead, s, e)))
+from tests.conftest import make_qkv, padding_mask, requires_cuda
 
 
 def _projections(rng, shape):
     return rng.standard_normal(shape) / np.sqrt(shape[-2]), rng.standard_normal(shape) / np.sqrt(shape[-2])
 
-
-def _padding(lengths, s):
-    return np.arange(s)[None, :] < np.asarray(lengths)[:, None]  # (b, s)
 
 
 # --- the two trees and exact attention ------------------------------------------------------
@@ -33,9 +25,9 @@ def _padding(lengths, s):
 @pytest.mark.parametrize("per_head", [False, True])
 @pytest.mark.parametrize("masked", [False, True])
 def test_every_tree_matches_the_numpy_reference(tree, rng, per_head, masked):
-    q, k, v = _qkv(rng)
+    q, k, v = make_qkv(rng)
     E, F = _projections(rng, (3, 4, 9) if per_head else (4, 9))  # (h, k, n_max) or (k, n_max)
-    key_mask = _padding([7, 4], 7)[:, None, :] if masked else None  # (b, 1, s)
+    key_mask = padding_mask([7, 4], 7)[:, None, :] if masked else None  # (b, 1, s)
     expected = np_lin.linformer_attention(q, k, v, E, F, key_mask=key_mask)
     got = tree.linformer.linformer_attention(*tree.arrays(q, k, v, E, F),
                                              key_mask=None if key_mask is None else tree.array(key_mask))
@@ -44,14 +36,14 @@ def test_every_tree_matches_the_numpy_reference(tree, rng, per_head, masked):
 
 
 def test_identity_projections_give_exact_attention(tree, rng):
-    q, k, v = _qkv(rng)
+    q, k, v = make_qkv(rng)
     eye = np.eye(7)  # k = n: E k = k, F v = v
     got = tree.linformer.linformer_attention(*tree.arrays(q, k, v, eye, eye))
     np.testing.assert_allclose(tree.numpy(got), np_full.softmax_attention(q, k, v), rtol=1e-12, atol=1e-12)
 
 
 def test_weights_are_softmax_of_projected_scores(tree, rng):
-    q, k, _ = _qkv(rng)
+    q, k, _ = make_qkv(rng)
     E, _ = _projections(rng, (3, 7))
     weights = tree.numpy(tree.linformer.linformer_weights(*tree.arrays(q, k, E)))
     scores = q @ np.swapaxes(E @ k, -1, -2) / np.sqrt(q.shape[-1])  # (b, h, n, k)
@@ -63,9 +55,9 @@ def test_weights_are_softmax_of_projected_scores(tree, rng):
 @pytest.mark.parametrize("batched", [False, True])
 def test_huge_values_in_padded_slots_change_nothing(tree, rng, batched):
     lead = (2, 3) if batched else ()
-    q, k, v = _qkv(rng, lead=lead)
+    q, k, v = make_qkv(rng, lead=lead)
     E, F = _projections(rng, (4, 7))
-    key_mask = _padding([5, 3], 7)[:, None, :] if batched else _padding([5], 7)[0]  # (b, 1, s) or (s,)
+    key_mask = padding_mask([5, 3], 7)[:, None, :] if batched else padding_mask([5], 7)[0]  # (b, 1, s) or (s,)
     pads = ~key_mask[..., :, None]  # (..., s, 1)
     k_huge, v_huge = np.where(pads, 1e30, k), np.where(pads, -1e30, v)
     mask = tree.array(key_mask)
@@ -76,18 +68,18 @@ def test_huge_values_in_padded_slots_change_nothing(tree, rng, batched):
 
 
 def test_a_padded_batch_equals_each_sequence_alone(tree, rng):
-    q, k, v = _qkv(rng, lead=(2,), n=7)
+    q, k, v = make_qkv(rng, lead=(2,), n=7)
     E, F = _projections(rng, (4, 9))
     lengths = [7, 4]
     batch = tree.numpy(tree.linformer.linformer_attention(*tree.arrays(q, k, v, E, F),
-                                                          key_mask=tree.array(_padding(lengths, 7))))
+                                                          key_mask=tree.array(padding_mask(lengths, 7))))
     for i, s in enumerate(lengths):  # alone: only the s real keys, so E is sliced to E[:, :s]
         alone = tree.linformer.linformer_attention(*tree.arrays(q[i], k[i, :s], v[i, :s], E, F))
         np.testing.assert_allclose(batch[i], tree.numpy(alone), rtol=1e-12, atol=1e-12)
 
 
 def test_shorter_inputs_use_the_first_columns(tree, rng):
-    q, k, v = _qkv(rng, n=5, s=5)
+    q, k, v = make_qkv(rng, n=5, s=5)
     E, F = _projections(rng, (3, 8))  # n_max = 8 > s = 5
     got = tree.linformer.linformer_attention(*tree.arrays(q, k, v, E, F))
     expected = np_full.softmax_attention(q, E[:, :5] @ k, F[:, :5] @ v)
@@ -98,7 +90,7 @@ def test_shorter_inputs_use_the_first_columns(tree, rng):
 
 @pytest.mark.parametrize("t", [0, 3, 5])
 def test_linformer_leaks_the_future_and_causal_softmax_does_not(tree, rng, t):
-    q, k, v = tree.arrays(*_qkv(rng, lead=(), n=7))
+    q, k, v = tree.arrays(*make_qkv(rng, lead=(), n=7))
     E, F = tree.arrays(*_projections(rng, (3, 7)))
     linformer = lambda q, k, v: tree.linformer.linformer_attention(q, k, v, E, F)
     causal = lambda q, k, v: tree.full.softmax_attention(q, k, v, causal=True)
@@ -155,10 +147,10 @@ def test_projections_start_as_n_0_1_over_k():
     assert abs(E.var().item() * 64 - 1) < 0.03 and abs(E.mean().item()) < 0.01
 
 
-def test_module_matches_the_function_with_padding(rng):
+def test_module_matches_the_function_withpadding_mask(rng):
     module = torch_lin.LinformerSelfAttention(8, 2, 10, 4, sharing="none").double()
     x = torch.as_tensor(rng.standard_normal((2, 6, 8)))
-    key_mask = torch.as_tensor(_padding([6, 3], 6))
+    key_mask = torch.as_tensor(padding_mask([6, 3], 6))
     heads = [torch_full.split_heads(proj(x), 2) for proj in (module.q_proj, module.k_proj, module.v_proj)]
     expected = torch_lin.linformer_attention(*heads, module.E, module.F, key_mask=key_mask[:, None, :])
     expected = module.out_proj(torch_full.merge_heads(expected))
@@ -189,9 +181,9 @@ def test_gradcheck_float64():
 
 @requires_cuda
 def test_cuda_matches_cpu(rng):
-    q, k, v = (torch.as_tensor(x) for x in _qkv(rng))
+    q, k, v = (torch.as_tensor(x) for x in make_qkv(rng))
     E, F = (torch.as_tensor(x) for x in _projections(rng, (3, 4, 9)))
-    key_mask = torch.as_tensor(_padding([7, 4], 7))[:, None, :]
+    key_mask = torch.as_tensor(padding_mask([7, 4], 7))[:, None, :]
     cpu = torch_lin.linformer_attention(q, k, v, E, F, key_mask=key_mask)
     cuda = torch_lin.linformer_attention(*(x.cuda() for x in (q, k, v, E, F)), key_mask=key_mask.cuda())
     torch.testing.assert_close(cuda.cpu(), cpu)
