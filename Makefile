@@ -21,7 +21,7 @@ export JUPYTER_PLATFORM_DIRS := 1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 export PYTHONHASHSEED := 0
 
-.PHONY: venv lab test lint unit notebooks solutions exercises-run exercises check-exercises \
+.PHONY: venv lab test lint unit notebooks solutions exercises-run portability exercises check-exercises \
         nbhead slides constraints clean
 
 venv: $(STAMP)
@@ -34,8 +34,10 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (course)" >/dev/null
 	@touch $@
 
+# The server's root is the repository, so notebooks/, exercises/ and solutions/ are all in the
+# file browser; lesson 00 opens first.  (A file argument would make its folder the root.)
 lab: venv
-	$(BIN)/jupyter-lab $(FIRST_LESSON) $(ROOT_FLAG) $(LAB_ARGS)
+	$(BIN)/jupyter-lab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/$(FIRST_LESSON) $(ROOT_FLAG) $(LAB_ARGS)
 
 test: venv lint unit notebooks solutions exercises-run
 	@echo "make test: all checks passed"
@@ -54,9 +56,24 @@ notebooks: venv
 solutions: venv
 	$(BIN)/python -m pytest --nbval solutions --nbval-sanitize-with tools/nbval_sanitize.cfg -q
 
+# The lessons and solutions validated again under a second numeric configuration: one thread,
+# other OpenBLAS kernels, ATen's portable kernels.  Sums run in another order, as on a learner's
+# CPU; the stored outputs must still match (CI runs this after make test).
+ALT_NUMERICS := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OPENBLAS_CORETYPE=Sandybridge \
+                ATEN_CPU_CAPABILITY=default
+portability: venv
+	$(ALT_NUMERICS) $(MAKE) --no-print-directory notebooks solutions
+
 # Untouched exercise notebooks must run to the end and report "not attempted".
 exercises-run: venv
 	$(BIN)/python -m pytest --nbval-lax exercises -q
+
+# Grade a learner's exercise notebooks: a table per exercise, and grades.json for the instructor.
+#   make grade GRADE_DIR=path/to/learner   (exit code 0 only when every exercise passed)
+GRADE_DIR ?= exercises
+.PHONY: grade
+grade: venv
+	$(BIN)/python -m course_lib.grade $(GRADE_DIR)
 
 # Regenerate exercises/ from solutions/ (stubs replace the solution regions).
 exercises: venv

@@ -1,4 +1,4 @@
-"""Repository-wide pytest hooks: per-notebook wall time for the nbval runs.
+"""Repository-wide pytest hooks: figure comparison and per-notebook wall time for the nbval runs.
 
 Each notebook's time (kernel start, every cell, shutdown) is summed from pytest's reports,
 printed at the end, and a notebook over the budget fails the run.  The budget is 90 s on the
@@ -7,6 +7,9 @@ printed at the end, and a notebook over the budget fails the run.  The budget is
 
 import collections
 import os
+
+# nbval compares plotly figures at the precision a reader reads them (tools/nbval_figures.py).
+pytest_plugins = ["tools.nbval_figures"]
 
 BUDGET_S = float(os.environ.get("NB_BUDGET_S", "90"))
 _seconds = collections.defaultdict(float)

@@ -1,10 +1,13 @@
-"""JupyterLab in a real browser: open lesson 01, Run All, move its slider, see the figure change.
+"""JupyterLab in a real browser, started by `make lab` as a learner starts it.
 
-The test starts ``.venv/bin/jupyter-lab`` on 127.0.0.1 (a free port, a fresh token) with every
-Jupyter and JupyterLab directory, and the checkpoints, in a temporary folder and autosave off,
-so neither the user's home nor the repository is written.  Headless chromium drives it with
-every request outside that server aborted.  The server's process group is ended on any
-outcome; a screenshot is saved to build/screenshots/lab-01_attention_recap.png.
+The server is the one `make lab` starts (LAB_ARGS adds a free port on 127.0.0.1, a fresh token,
+no browser), with every Jupyter and JupyterLab directory, and the checkpoints, in a temporary
+folder and autosave off, so neither the user's home nor the repository is written.  Headless
+chromium drives it with every request outside that server aborted.  The tests check that the
+whole course is reachable (lesson 00 opens first; notebooks/, exercises/ and solutions/ are in
+the file browser), and open lesson 01, Run All, move its slider, see the figure change, and
+follow its link to the exercise notebook.  The server's process group is ended on any outcome;
+screenshots are saved to build/screenshots/.
 """
 
 import contextlib
@@ -25,6 +28,8 @@ from tests.browser import PageLog, chromium_path, launched, screenshot
 from tests.conftest import ROOT
 
 NOTEBOOK = "notebooks/01_attention_recap.ipynb"
+EXERCISE = "exercises/01_attention_recap.ipynb"
+FIRST_LESSON = "notebooks/00_welcome.ipynb"
 JUPYTER_LAB = ROOT / ".venv" / "bin" / "jupyter-lab"
 START_S, RUN_ALL_S, REDRAW_S = 90, 120, 45
 # The one remote resource a lesson shows: the Colab badge image (a broken image offline, by design).
@@ -91,21 +96,21 @@ def wait_until_up(server, base, token, log_path):
     pytest.fail(f"jupyter-lab did not answer within {START_S} s:\n{log_path.read_text()[-3000:]}")
 
 
-@pytest.fixture
-def lab(tmp_path):
-    """A running JupyterLab on the repository: yields (base URL, token)."""
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """JupyterLab as `make lab` starts it, on a free port: yields (base URL, token)."""
     chromium_path()  # skip (or fail in CI) before starting a server nobody can look at
     if not JUPYTER_LAB.exists():
         pytest.fail(f"{JUPYTER_LAB} missing: run make venv", pytrace=False)
+    tmp_path = tmp_path_factory.mktemp("lab")
     port, token = free_port(), secrets.token_hex(24)
     base = f"http://127.0.0.1:{port}"
     log_path = tmp_path / "jupyter-lab.log"
-    command = [str(JUPYTER_LAB), "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
-               "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={ROOT}",
-               "--LabApp.expose_app_in_browser=True", "--LabApp.extension_manager=readonly",
-               f"--FileCheckpoints.checkpoint_dir={tmp_path / 'checkpoints'}"]  # not notebooks/.ipynb_checkpoints
-    if os.geteuid() == 0:  # CI containers run as root
-        command.append("--allow-root")
+    lab_args = ["--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
+                "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
+                "--LabApp.expose_app_in_browser=True", "--LabApp.extension_manager=readonly",
+                f"--FileCheckpoints.checkpoint_dir={tmp_path / 'checkpoints'}"]  # not notebooks/.ipynb_checkpoints
+    command = ["make", "--no-print-directory", "lab", f"LAB_ARGS={' '.join(lab_args)}"]
     with open(log_path, "w") as log:
         server = subprocess.Popen(command, cwd=ROOT, env=lab_environment(tmp_path), stdout=log,
                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
@@ -123,7 +128,11 @@ KERNEL_IDLE = """() => {
                    && panel.sessionContext.session.kernel;
     return kernel ? kernel.status : "no kernel";
 }"""
-PROMPTS = """() => [...document.querySelectorAll(".jp-CodeCell .jp-InputPrompt")].map(p => p.textContent.trim())"""
+# Only the notebook in front: the server is shared by the tests, and JupyterLab may restore other tabs.
+PROMPTS = """() => {
+    const panel = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+    return panel ? [...panel.node.querySelectorAll(".jp-CodeCell .jp-InputPrompt")].map(p => p.textContent.trim()) : [];
+}"""
 
 
 def wait_for_run_all(page):
@@ -148,8 +157,15 @@ def widget_output(slider):
     }""")
 
 
+CURRENT_PATH = """() => {
+    const panel = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+    return panel && panel.context ? panel.context.path : null;
+}"""
+LISTED = """() => [...document.querySelectorAll(".jp-DirListing-itemName")].map(i => i.textContent.trim())"""
+
+
 def open_notebook(page, base, token):
-    page.goto(f"{base}/lab/tree/{NOTEBOOK}?token={token}", timeout=START_S * 1000)
+    page.goto(f"{base}/lab/tree/{NOTEBOOK}?reset&token={token}", timeout=START_S * 1000)  # reset: no restored tabs
     page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=START_S * 1000)
     page.wait_for_function(f"() => ({KERNEL_IDLE})() === 'idle'", timeout=START_S * 1000)
 
@@ -186,9 +202,42 @@ def move_slider(page):
     return before, widget_output(slider)
 
 
+def follow_exercise_link(page):
+    """Click the lesson's link to its exercise notebook; return the path of the notebook that opens."""
+    link = page.locator(f".jp-RenderedMarkdown a[href='../{EXERCISE}']").first
+    link.scroll_into_view_if_needed()
+    link.click()
+    page.wait_for_function(f"() => ({CURRENT_PATH})() === '{EXERCISE}'", timeout=START_S * 1000)
+    page.wait_for_selector(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell", timeout=START_S * 1000)
+    return page.evaluate(CURRENT_PATH)
+
+
 @pytest.mark.browser
 @pytest.mark.slow
-def test_lesson_01_runs_and_its_slider_redraws(lab):
+def test_make_lab_opens_lesson_00_with_the_whole_course_in_the_file_browser(lab):
+    base, token = lab
+    with urllib.request.urlopen(f"{base}/api/contents?token={token}", timeout=30) as response:
+        root = {item["name"] for item in json.load(response)["content"]}
+    assert {"notebooks", "exercises", "solutions"} <= root, f"server root lists {sorted(root)}"
+    with launched() as browser:
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.set_default_timeout(60_000)
+        log = PageLog(page, allowed_origins=(base,))
+        try:
+            page.goto(f"{base}/?token={token}", timeout=START_S * 1000)  # where a learner lands
+            page.wait_for_function(f"() => ({CURRENT_PATH})() === '{FIRST_LESSON}'", timeout=START_S * 1000)
+            page.locator(".jp-BreadCrumbs-home").first.click()  # the file browser at the server's root
+            page.wait_for_function(f"() => ({LISTED})().includes('exercises')", timeout=30_000)
+            listed = page.evaluate(LISTED)
+        finally:
+            screenshot(page, "lab-file-browser")
+    assert {"notebooks", "exercises", "solutions"} <= set(listed), f"file browser shows {listed}"
+    assert [url for url in log.blocked if url != BADGE_IMAGE] == [], "JupyterLab tried to reach the network"
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_lesson_01_runs_its_slider_redraws_and_its_exercise_link_opens(lab):
     base, token = lab
     path = ROOT / NOTEBOOK
     if not path.exists():
@@ -202,10 +251,13 @@ def test_lesson_01_runs_and_its_slider_redraws(lab):
             open_notebook(page, base, token)
             prompts = run_all(page)
             before, after = move_slider(page)
-        finally:
             page.evaluate("() => window.jupyterapp && window.jupyterapp.shell.collapseLeft()")
             screenshot(page, "lab-01_attention_recap")
+            opened = follow_exercise_link(page)
+        finally:
+            screenshot(page, "lab-01-exercise-link")
     assert len(prompts) > 3
     assert after != before, "moving the slider did not redraw the panel"
+    assert opened == EXERCISE
     assert [url for url in log.blocked if url != BADGE_IMAGE] == [], "JupyterLab tried to reach the network"
     assert hashlib.sha256(path.read_bytes()).hexdigest() == stored, "the lesson file was rewritten"

@@ -82,7 +82,10 @@ def test_lessons_point_to_their_exercises_and_cite_references(path):
     text = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "markdown")
     assert "## References" in text, f"{_rel(path)}: no references section"
     if not path.name.startswith("00_"):
-        assert f"exercises/{path.name}" in text, f"{_rel(path)}: no pointer to exercises/{path.name}"
+        # a relative Markdown link, which JupyterLab opens in a new tab (the browser test clicks one)
+        link = f"](../exercises/{path.name})"
+        assert link in text, f"{_rel(path)}: no relative link to exercises/{path.name}"
+        assert (path.parent / ".." / "exercises" / path.name).resolve().is_file()
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=_rel)
