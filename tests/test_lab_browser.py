@@ -204,7 +204,8 @@ def move_slider(page):
 
 def follow_exercise_link(page):
     """Click the lesson's link to its exercise notebook; return the path of the notebook that opens."""
-    link = page.locator(f".jp-RenderedMarkdown a[href='../{EXERCISE}']").first
+    # JupyterLab resolves the relative href itself, so find the link by its text, as a reader does
+    link = page.locator(".jp-RenderedMarkdown a", has_text=EXERCISE).first
     link.scroll_into_view_if_needed()
     link.click()
     page.wait_for_function(f"() => ({CURRENT_PATH})() === '{EXERCISE}'", timeout=START_S * 1000)
