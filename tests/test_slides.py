@@ -1,10 +1,13 @@
 """The lecture decks: built by ``tools/build_slides.py`` and opened offline in a real browser.
 
 Every lesson deck, plus a small synthetic notebook that exercises each feature (math, a plotly
-figure, a widget snapshot, a web link, skipped and notes cells), is built into a temporary
-folder and opened in headless chromium with every network request aborted.  A deck passes
-when reveal counts its slides, MathJax typesets its math without errors, each figure is drawn
-as an SVG, and the console stays free of errors.
+figure, widget snapshots, a web link, skipped and notes cells, a slide too tall for the frame),
+is built into a temporary folder and opened in headless chromium at 1280 x 720 with every
+network request aborted.  A deck passes when reveal counts its slides, MathJax typesets its
+math without errors, each figure is drawn as an SVG, the console stays free of errors, and
+every slide (each vertical subslide, with all its fragments shown) fits inside the frame.
+
+The figure rules (no browser): legends stand clear of titles, heatmaps carry axis titles.
 """
 
 import json
@@ -13,10 +16,14 @@ import re
 import shutil
 
 import nbformat
+import numpy as np
+import plotly
 import plotly.graph_objects as go
 import pytest
+from plotly.subplots import make_subplots
 
-from tests.browser import PageLog, in_ci, launched, screenshot
+from course_lib import viz
+from tests.browser import SCREENSHOTS, PageLog, in_ci, launched, screenshot
 from tools import build_slides
 
 LESSONS = build_slides.lessons()
@@ -35,18 +42,33 @@ def _cell(cell, slide_type, **metadata):
     return cell
 
 
+TALL_LINES = 40  # paragraphs on the synthetic tall slide: about three frames' worth at 24 px type
+
+
+def tall_markdown():
+    """A slide's worth of text far taller than the frame, with a heading the continuations repeat."""
+    return "## A very long slide\n\n" + "\n\n".join(f"Paragraph {i} of the long slide." for i in range(TALL_LINES))
+
+
 def synthetic_notebook():
-    """Four slides: math, a figure, a widget snapshot with its slider value, references."""
+    """Six slides before fitting: math, a figure, a widget snapshot with its slider value, the
+    sliders of ``course_lib.widgets.panel`` beside their stored figure, a slide too tall for the
+    frame, references."""
     md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
     figure = json.loads(go.Figure(go.Scatter(x=[1, 2, 3], y=[1, 4, 9], name="n squared")).to_json())
     plot = nbformat.v4.new_output("display_data", data={build_slides.PLOTLY_MIME: figure})
     view = nbformat.v4.new_output("display_data", data={
         build_slides.WIDGET_VIEW: {"model_id": "box", "version_major": 2, "version_minor": 0},
         "text/plain": "interactive(...)"})
+    sliders = nbformat.v4.new_output("display_data", data={
+        build_slides.WIDGET_VIEW: {"model_id": "sliders", "version_major": 2, "version_minor": 0},
+        "text/plain": "Sliders at k = 4 (figure below); run the notebook to move them"})
     state = {
         "box": {"model_name": "VBoxModel", "state": {"children": ["IPY_MODEL_slider", "IPY_MODEL_out"]}},
         "slider": {"model_name": "IntSliderModel", "state": {"description": "n", "value": 8}},
         "out": {"model_name": "OutputModel", "state": {"outputs": [plot]}},
+        "sliders": {"model_name": "VBoxModel", "state": {"children": ["IPY_MODEL_k"]}},
+        "k": {"model_name": "IntSliderModel", "state": {"description": "k", "value": 4}},
     }
     nb = nbformat.v4.new_notebook(cells=[
         _cell(md("[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://x.test)"),
@@ -55,6 +77,8 @@ def synthetic_notebook():
         _cell(code("figure", outputs=[plot]), "slide"),
         _cell(md("The speaker says: mind the $n^2$."), "notes"),
         _cell(code("panel(draw, n=slider)", outputs=[view]), "slide"),
+        _cell(code("panel(draw, k=slider)", outputs=[sliders, plot]), "slide"),
+        _cell(md(tall_markdown()), "slide"),
         _cell(md("## References\n\n- [Linformer](https://arxiv.org/abs/2006.04768)\n- <https://arxiv.org/abs/2009.14794>"),
               "slide"),
     ])
@@ -95,8 +119,31 @@ def test_synthetic_deck_drops_skipped_cells_and_prints_links(decks):
     assert 'Linformer <span class="course-address">(arxiv.org/abs/2006.04768)</span>' in html
     assert '<span class="course-address">arxiv.org/abs/2009.14794</span>' in html
     assert "shown here at n = 8" in html
-    assert html.count('class="course-plotly"') == 2
+    assert "shown here at k = 4" in html and "Sliders at k = 4" not in html
+    assert html.count('class="course-plotly"') == 3
     assert html.count("plotly.min.js") == 1
+
+
+def test_code_that_draws_or_runs_long_goes_to_the_speaker_notes():
+    code = nbformat.v4.new_code_cell
+    figure = nbformat.v4.new_output("display_data", data={build_slides.PLOTLY_MIME: {"data": [], "layout": {}}})
+    short, drawn = code("x = 1\nprint(x)"), code("viz.lines(x, y)", outputs=[figure])
+    long = code("\n".join(f"a{i} = {i}" for i in range(build_slides.CODE_LINES + 1)))
+    nb = build_slides.prepare(nbformat.v4.new_notebook(cells=[_cell(c, "slide") for c in (short, drawn, long)]))
+    kinds = [(c.cell_type, c.metadata.get("slideshow", {}).get("slide_type")) for c in nb.cells]
+    assert kinds == [("code", "slide"), ("code", "slide"), ("markdown", "notes"), ("code", "slide"),
+                     ("markdown", "notes")]
+    assert "transient" not in nb.cells[0].metadata
+    assert [c.metadata.get("transient", {}).get("remove_source", False) for c in nb.cells[1::2]] == [True] * 2
+    assert "viz.lines(x, y)" in nb.cells[2].source and "a8 = 8" in nb.cells[4].source
+
+
+def test_consecutive_prints_become_one_block():
+    stream = nbformat.v4.new_output
+    outputs = [stream("stream", name="stdout", text="n = 1; "), stream("stream", name="stdout", text="n = 2\n"),
+               stream("stream", name="stderr", text="warning\n")]
+    joined = build_slides.offline_outputs(outputs, {})
+    assert [(o.name, o.text) for o in joined] == [("stdout", "n = 1; n = 2\n"), ("stderr", "warning\n")]
 
 
 def test_vendor_holds_every_library(decks):
@@ -153,6 +200,63 @@ def show_first_figure(page):
     page.wait_for_timeout(500)
 
 
+# How far (px, in slide coordinates) a slide's content reaches past its bottom and right edges: the
+# slide's own scroll size (overflow of the slide) and that of any scrolled box inside it (a wide table
+# cut off inside its output area).  Plotly's own clipped layers and MathJax's hidden copy of each
+# formula for screen readers are not content that could be read.
+SLIDE_EXCESS = """slide => {
+    const frame = document.querySelector(".reveal .slides").getBoundingClientRect();
+    const scale = Reveal.getScale();
+    const box = slide.getBoundingClientRect();
+    let bottom = Math.max(slide.scrollHeight - slide.clientHeight, (box.bottom - frame.bottom) / scale);
+    let right = Math.max(slide.scrollWidth - slide.clientWidth, (box.right - frame.right) / scale);
+    for (const el of slide.querySelectorAll("*")) {
+        if (el.closest(".js-plotly-plot, aside.notes, svg, .MJX_Assistive_MathML")) continue;
+        const style = getComputedStyle(el);
+        if (style.overflowY !== "visible") bottom = Math.max(bottom, el.scrollHeight - el.clientHeight);
+        if (style.overflowX !== "visible") right = Math.max(right, el.scrollWidth - el.clientWidth);
+    }
+    const heading = slide.querySelector("h1, h2, h3, h4");
+    const text = (heading || slide).innerText.trim().split("\\n")[0];
+    return {bottom: Math.round(bottom), right: Math.round(right), title: text.replace(/¶$/, "").slice(0, 80)};
+}"""
+OVERFLOW_PX = 2  # sub-pixel rounding of scaled layout; a real overflow is a line of text or more
+
+
+def leaf_slides(page):
+    """reveal's indices of every slide that is shown (each vertical subslide on its own)."""
+    return page.evaluate("""() => [...document.querySelectorAll(".reveal .slides section")]
+        .filter(s => !s.querySelector("section")).map(s => Reveal.getIndices(s))""")
+
+
+def show_slide(page, at):
+    """Go to slide ``at`` with every fragment shown; wait until its figures are drawn."""
+    page.evaluate("""at => {
+        Reveal.slide(at.h, at.v || 0);
+        const fragments = Reveal.getCurrentSlide().querySelectorAll(".fragment").length;
+        if (fragments) Reveal.slide(at.h, at.v || 0, fragments - 1);
+    }""", at)
+    page.wait_for_function("""() => [...Reveal.getCurrentSlide().querySelectorAll("div.course-plotly")]
+                                  .every(div => div.querySelector("svg.main-svg"))""", timeout=READY_MS)
+    page.evaluate("() => new Promise(done => MathJax.Hub.Queue(() => done(true)))")
+
+
+def overflowing_slides(page):
+    """Every slide of the open deck whose content passes its bottom or right edge at 1280 x 720.
+
+    Returns dicts with the slide number as reveal shows it (1-based, ``h`` or ``h.v``), its title
+    and the excess in px.
+    """
+    found = []
+    for at in leaf_slides(page):
+        show_slide(page, at)
+        excess = page.evaluate(f"({SLIDE_EXCESS})(Reveal.getCurrentSlide())")
+        if max(excess["bottom"], excess["right"]) > OVERFLOW_PX:
+            number = f"{at['h'] + 1}" + (f".{at['v'] + 1}" if at.get("v") else "")
+            found.append({"slide": number, **excess})
+    return found
+
+
 def math_report(page):
     return page.evaluate("""() => ({
         typeset: document.querySelectorAll(".MathJax_SVG, .MathJax_SVG_Display").length,
@@ -163,14 +267,53 @@ def math_report(page):
     })""")
 
 
+def overflow_report(stem, found):
+    return f"{stem}: {len(found)} slide(s) pass the 1280 x 720 frame:\n" + "\n".join(
+        f"  slide {f['slide']} \"{f['title']}\": {f['bottom']} px below, {f['right']} px right" for f in found)
+
+
+def slide_titles(page):
+    return page.evaluate("""() => [...document.querySelectorAll(".reveal .slides section")]
+        .filter(s => !s.querySelector("section"))
+        .map(s => (s.querySelector("h1, h2, h3") || {textContent: ""}).textContent.replace(/\u00b6/g, "").trim())""")
+
+
 @pytest.mark.browser
 def test_synthetic_deck_in_browser(decks, browser):
     page, log = open_deck(browser, decks["99_synthetic"])
-    assert page.evaluate("Reveal.getTotalSlides()") == 4
+    titles = slide_titles(page)
+    continued = [t for t in titles if t == "A very long slide (cont.)"]
+    assert len(continued) >= 1, f"the tall slide was not continued: {titles}"
+    assert page.evaluate("Reveal.getTotalSlides()") == 6 + len(continued)
     math = math_report(page)
     assert math["typeset"] >= 1 and math["errors"] == []
-    assert show_figures(page) == 2
+    assert show_figures(page) == 3
+    assert overflowing_slides(page) == [], overflow_report("99_synthetic", overflowing_slides(page))
+    text = page.evaluate("document.querySelector('.reveal .slides').textContent")
+    assert all(f"Paragraph {i} of" in text for i in range(TALL_LINES)), "the continuation lost a paragraph"
     assert log.blocked == [] and log.errors == []
+    page.close()
+
+
+@pytest.mark.browser
+def test_overflow_check_names_each_slide_that_passes_the_frame(decks, browser):
+    """The fit check can fail: a block made taller (and one wider) than the frame after fitting is reported."""
+    page, _ = open_deck(browser, decks["99_synthetic"])
+    page.evaluate("""() => {
+        const slides = [...document.querySelectorAll(".reveal .slides section")]
+            .filter(s => !s.querySelector("section"));
+        const tall = document.createElement("div");
+        tall.style.height = "900px";
+        slides[1].appendChild(tall);
+        const wide = document.createElement("pre");
+        wide.style.cssText = "overflow-x: auto; white-space: pre";
+        wide.textContent = "x".repeat(400);
+        slides[0].appendChild(wide);
+    }""")
+    found = {f["slide"]: f for f in overflowing_slides(page)}
+    assert set(found) == {"1", "2"}, overflow_report("99_synthetic", list(found.values()))
+    assert found["2"]["bottom"] > 100 and found["1"]["right"] > 100
+    assert found["1"]["title"] == "Synthetic deck"
     page.close()
 
 
@@ -194,3 +337,120 @@ def test_lesson_deck_in_browser(decks, browser, lesson):
     assert log.blocked == [], "the deck tried to reach the network"
     assert log.errors == []
     page.close()
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.parametrize("lesson", LESSONS, ids=[p.stem for p in LESSONS])
+def test_every_slide_fits_the_frame(decks, browser, lesson):
+    page, _ = open_deck(browser, decks[lesson.stem])
+    found = overflowing_slides(page)
+    assert found == [], overflow_report(lesson.stem, found)
+    page.close()
+
+
+# --- Widget cells: a notebook opened without running it shows a figure in their place ---
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=[p.stem for p in LESSONS])
+def test_widget_cells_store_a_figure_for_a_fresh_view(lesson):
+    """Every cell with a widget also stores, as an ordinary output, the figure at the sliders'
+    defaults (``course_lib.widgets.panel``), and the widget's text form is not ``interactive(...``."""
+    nb = nbformat.read(lesson, as_version=4)
+    for index, cell in enumerate(nb.cells):
+        outputs = [o.get("data", {}) for o in cell.get("outputs", [])]
+        views = [data for data in outputs if build_slides.WIDGET_VIEW in data]
+        if not views:
+            continue
+        assert any(build_slides.PLOTLY_MIME in data for data in outputs), \
+            f"{lesson.stem}, cell {index}: no stored figure beside the widget (re-execute with widgets.panel)"
+        assert not any(data.get("text/plain", "").startswith("interactive(") for data in views), \
+            f"{lesson.stem}, cell {index}: the widget's fallback text is interactive(children=..."
+
+
+# --- Figures: legends never cover titles; heatmaps name their axes (no browser) ---
+
+def busy_figure():
+    """The shape of lesson 04's benchmark figure: a title, two subplot titles, eight long legend entries."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("forward time (s)", "peak memory (MiB)"))
+    n = np.array([512, 1024, 2048, 4096])
+    for i in range(8):
+        for col in (1, 2):
+            fig.add_trace(go.Scatter(x=n, y=n * (i + 1.0) ** col, name=f"linformer_reference, k = {64 * (i + 1)}",
+                                     legendgroup=str(i), showlegend=col == 1, line=dict(color=viz.COLORS[i])),
+                          row=1, col=col)
+    viz.style(fig, title="Precomputed: forward time and peak memory versus n", height=440)
+    fig.update_xaxes(title="n", type="log")
+    return fig
+
+
+def figures():
+    """A few figures built with the course's builders, by name."""
+    x = np.arange(1, 9)
+    return {
+        "lines": viz.lines(x, {"exact": x, "approximate": x + 1.0}, title="Error", x_title="k", y_title="error"),
+        "heatmap": viz.heatmap(np.eye(4), title="P"),
+        "busy": busy_figure(),
+    }
+
+
+def subplot_titles(fig):
+    return [a for a in fig.layout.annotations if a.yref and a.yref.startswith("paper") and (a.y or 0) >= 1]
+
+
+@pytest.mark.parametrize("name", ["lines", "heatmap", "busy"])
+def test_legend_stands_clear_of_the_titles(name):
+    """Rules: the legend is right of the plot (x >= 1, anchored left) or below it (y < 0, anchored at its
+    top), never above it where the title is; the top margin holds the title (60 px) and, when subplot
+    titles sit above the plots too, a second line (90 px)."""
+    fig = figures()[name]
+    legend, margin = fig.layout.legend, fig.layout.margin
+    right = legend.x is not None and legend.x >= 1 and legend.xanchor == "left"
+    below = legend.y is not None and legend.y < 0 and legend.yanchor == "top"
+    assert right or below, f"{name}: legend at x={legend.x}, y={legend.y}"
+    if fig.layout.title.text:
+        assert margin.t >= (90 if subplot_titles(fig) else 60), f"{name}: top margin {margin.t} px"
+
+
+def test_heatmaps_name_their_axes():
+    fig = figures()["heatmap"]
+    assert fig.layout.xaxis.title.text == "key position j" and fig.layout.yaxis.title.text == "query position i"
+    named = viz.heatmap(np.eye(3), x_title="column", y_title="row")
+    assert (named.layout.xaxis.title.text, named.layout.yaxis.title.text) == ("column", "row")
+    with pytest.raises(ValueError, match="x_title"):
+        viz.heatmap(np.eye(3), x_title=None)
+
+
+def boxes_overlap(a, b):
+    return a["x"] < b["x"] + b["width"] and b["x"] < a["x"] + a["width"] \
+        and a["y"] < b["y"] + b["height"] and b["y"] < a["y"] + a["height"]
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("where", ["notebook", "slide"])
+def test_busy_figure_legend_covers_no_title_in_browser(browser, tmp_path, where):
+    """Draw the busy figure as the notebook and the deck do; no title's box meets the legend's."""
+    fig = json.loads(busy_figure().to_json())
+    layout = build_slides.projected_layout(fig["layout"]) if where == "slide" else fig["layout"]
+    plotly_js = pathlib.Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    page_html = tmp_path / "figure.html"
+    page_html.write_text(f'<html><body><div id="f" style="width: 1180px; height: {layout["height"]}px"></div>'
+                         f'<script src="{plotly_js.as_uri()}"></script><script>'
+                         f'Plotly.newPlot("f", {json.dumps(fig["data"])}, {json.dumps(layout)})'
+                         '.then(() => document.body.dataset.drawn = "true");</script></body></html>')
+    page = browser.new_page(viewport={"width": 1280, "height": 720})
+    page.goto(page_html.as_uri())
+    page.wait_for_selector("body[data-drawn=true]", state="attached", timeout=READY_MS)
+    boxes = page.evaluate("""() => {
+        const box = el => {
+            const r = el.getBoundingClientRect();
+            return {x: r.x, y: r.y, width: r.width, height: r.height};
+        };
+        return {legend: box(document.querySelector("g.legend")),
+                titles: [...document.querySelectorAll(".g-gtitle text, .annotation, .g-xtitle, .g-x2title")].map(box)};
+    }""")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"figure-busy-{where}.png"))
+    page.close()
+    assert len(boxes["titles"]) >= 4 and boxes["legend"]["height"] > 0
+    hit = [t for t in boxes["titles"] if boxes_overlap(boxes["legend"], t)]
+    assert hit == [], f"the legend covers {hit}"

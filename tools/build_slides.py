@@ -8,8 +8,14 @@ Each cell's ``metadata.slideshow.slide_type`` places it (``slide``, ``subslide``
 npm (``tools/slides/package-lock.json``, installed with ``npm ci`` when needed) and are
 copied with plotly's own ``plotly.min.js`` into ``DIR/vendor/``, which every deck loads
 by relative path.  At build time plotly outputs become a div drawn by the deck, widget views
-become a snapshot of the figure they showed, and web links become printed addresses; a
-deck that still refers to anything on the network is an error.
+become a snapshot of the figure they showed, code that draws a figure (or is longer than
+``CODE_LINES``) moves to the speaker notes, and web links become printed addresses; a deck
+that still refers to anything on the network is an error.
+
+Every slide fits the 1280 x 720 frame: when the deck opens, the template's fitting script
+(``course.html.j2``) shrinks figures towards ``MIN_FIGURE_HEIGHT``, then sets the slide's
+text and code smaller, then moves the cells that still do not fit to continuation slides
+titled "… (cont.)", and scales a single cell that is taller or wider than a slide on its own.
 """
 
 import argparse
@@ -32,6 +38,8 @@ VENDOR = "vendor"
 WIDTH, HEIGHT = 1280, 720
 MATHJAX_CONFIG = "TeX-AMS_SVG-full"  # SVG output: glyphs are paths, no math fonts to load
 FIGURE_FONT_SIZE, TITLE_ROOM = 16, 30  # px; plotly's default 12 px type is too small on a projector
+MIN_FIGURE_HEIGHT = 320  # px; below this a two-panel figure's axes and legend no longer read from the back row
+CODE_LINES = 8  # longer code is read in the notebook, not from a projector: it goes to the speaker notes
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -112,21 +120,26 @@ def copy_vendor(out):
 
 
 def projected_layout(layout):
-    """A notebook figure's layout for a projected slide: larger type, and room for the larger title."""
+    """A notebook figure's layout for a projected slide: larger type, room for the larger title, and
+    its size taken from the slide (the width of the slide, the height the fitting script leaves it)."""
     layout = dict(layout)
     layout["font"] = {"size": FIGURE_FONT_SIZE, **layout.get("font", {})}
     margin = dict(layout.get("margin", {}))
     margin["t"] = margin.get("t", 80) + TITLE_ROOM
     layout["margin"], layout["height"] = margin, (layout.get("height") or 450) + TITLE_ROOM
+    layout.pop("width", None)
+    layout["autosize"] = True
     return layout
 
 
 def plotly_html(figure):
     """A plotly figure as a div the deck draws when its slide is shown (see course.html.j2)."""
     layout = projected_layout(figure.get("layout", {}))
+    height = layout.pop("height")  # the div's height, which the fitting script may lower
     spec = json.dumps({"data": figure.get("data", []), "layout": layout})
     spec = spec.replace("</", "<\\/")  # the JSON must not close its <script>
-    return (f'<div class="course-plotly" style="height: {layout["height"]}px"></div>'
+    return (f'<div class="course-plotly" data-height="{height}" data-min-height="{min(height, MIN_FIGURE_HEIGHT)}"'
+            f' style="height: {height}px"></div>'
             f'<script type="application/json" class="course-plotly-figure">{spec}</script>')
 
 
@@ -145,10 +158,14 @@ def _widget_parts(state, model_id, controls, outputs):
 
 
 def widget_snapshot(view, state):
-    """The outputs a widget view showed when the notebook was executed, with a caption."""
+    """The outputs a widget view showed when the notebook was executed, with a caption.
+
+    A view of controls alone (``course_lib.widgets.panel`` stores its figure as an ordinary
+    output beside them) becomes the caption alone.
+    """
     controls, outputs = [], []
     _widget_parts(state, view.get("model_id", ""), controls, outputs)
-    if not outputs:
+    if not outputs and not controls:
         return []
     where = f" at {', '.join(controls)}" if controls else ""
     note = f'<p class="course-widget-note">Interactive in the notebook; shown here{where}.</p>'
@@ -157,10 +174,16 @@ def widget_snapshot(view, state):
 
 
 def offline_outputs(outputs, state):
-    """``outputs`` with plotly figures as divs and widget views as static snapshots."""
+    """``outputs`` with plotly figures as divs, widget views as static snapshots, and consecutive
+    prints to the same stream joined (as the notebook shows them: one block, not one per print)."""
     result = []
     for output in outputs:
         data = output.get("data", {})
+        previous = result[-1] if result else {}
+        if output.get("output_type") == "stream" and previous.get("output_type") == "stream" \
+                and previous.get("name") == output.get("name"):
+            result[-1] = nbformat.from_dict(dict(previous, text=previous["text"] + output["text"]))
+            continue
         if WIDGET_VIEW in data:
             result.extend(offline_outputs(widget_snapshot(data[WIDGET_VIEW], state), state))
         elif PLOTLY_MIME in data:
@@ -172,12 +195,33 @@ def offline_outputs(outputs, state):
     return result
 
 
+def code_to_notes(cell):
+    """True when ``cell``'s code belongs in the speaker notes: it draws a figure or a widget, or is long."""
+    drawn = any(PLOTLY_MIME in o.get("data", {}) or WIDGET_VIEW in o.get("data", {}) for o in cell.outputs)
+    return bool(cell.source.strip()) and (drawn or cell.source.strip().count("\n") >= CODE_LINES)
+
+
+def notes_cell(cell):
+    """A speaker-notes cell that shows ``cell``'s code."""
+    fence = "~~~~" if "```" in cell.source else "```"
+    return nbformat.v4.new_markdown_cell(f"{fence}python\n{cell.source.strip()}\n{fence}",
+                                         metadata={"slideshow": {"slide_type": "notes"}})
+
+
 def prepare(nb):
-    """Make ``nb`` (in place) renderable with no widget manager and no network."""
+    """Make ``nb`` (in place) renderable with no widget manager and no network, code in the notes."""
     state = nb.metadata.pop("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    cells = []
     for cell in nb.cells:
-        if cell.cell_type == "code":
-            cell.outputs = offline_outputs(cell.outputs, state)
+        cells.append(cell)
+        if cell.cell_type != "code":
+            continue
+        notes = code_to_notes(cell)
+        cell.outputs = offline_outputs(cell.outputs, state)
+        if notes and cell.metadata.get("slideshow", {}).get("slide_type") not in ("skip", "notes"):
+            cell.metadata.setdefault("transient", {})["remove_source"] = True
+            cells.append(notes_cell(cell))
+    nb.cells = cells
     return nb
 
 
