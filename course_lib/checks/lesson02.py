@@ -118,9 +118,9 @@ MISTAKES_2_3 = (
     Mistake("off-by-one", _best_with(keep=lambda k, r: slice(0, k - 1), error_from=lambda k: k - 1),
             "a rank-k copy keeps k terms σᵢ uᵢ vᵢᵀ, i = 1 … k (Python's slice :k)."),
     Mistake("no-sigma", _best_with(use_sigma=False),
-            "each kept term is σᵢ uᵢ vᵢᵀ: scale the columns of U_k by the singular values (Eq. 2.4)."),
+            "each kept term is σᵢ uᵢ vᵢᵀ: scale the columns of U_k by the singular values (Eq. 2.5)."),
     Mistake("error-squared", _best_with(sqrt=False),
-            "the Frobenius error is the square root of the tail sum σ²_{k+1} + … + σ²ᵣ (Eq. 2.5)."),
+            "the Frobenius error is the square root of the tail sum σ²_{k+1} + … + σ²ᵣ (Eq. 2.6)."),
     Mistake("error-includes-k", _best_with(error_from=lambda k: k - 1),
             "the error sums the singular values that were dropped, σ_{k+1} onwards, not σ_k."),
 )

@@ -51,7 +51,7 @@ def cumulative_spectrum(P, *, squared=False, method="svd"):
 
     This is the normalisation of the Linformer paper's Figure 1 (cumulative sum of the singular
     values over their total), so ``c[..., -1] == 1``.  With ``squared=True`` the σ are squared
-    first: the share of ‖P‖²_F, which is what the Eckart–Young error (Eq. 2.5) leaves out.
+    first: the share of ‖P‖²_F, which is what the Eckart–Young error (Eq. 2.6) leaves out.
 
     Args:
         P: ``(..., n, s)``.
@@ -72,7 +72,7 @@ def cumulative_spectrum(P, *, squared=False, method="svd"):
 
 
 def rank_for_energy(P, energy, *, squared=False, method="svd"):
-    """The smallest k with c_k ≥ ``energy``: the rank that holds that share. Notebook 02, Eq. (2.6).
+    """The smallest k with c_k ≥ ``energy``: the rank that holds that share. Notebook 02, Eq. (2.4).
 
     Args:
         P: ``(..., n, s)``.
@@ -90,7 +90,7 @@ def rank_for_energy(P, energy, *, squared=False, method="svd"):
 
 
 def best_rank_k(P, k):
-    """The best rank-k approximation P_k = U_k Σ_k V_kᵀ (Eckart & Young 1936). Notebook 02, Eq. (2.4).
+    """The best rank-k approximation P_k = U_k Σ_k V_kᵀ (Eckart & Young 1936). Notebook 02, Eq. (2.5).
 
     No matrix of rank k is closer to P in the Frobenius (or spectral) norm.
 
@@ -108,7 +108,7 @@ def best_rank_k(P, k):
 
 
 def truncation_error(P, k, *, relative=False):
-    """‖P − P_k‖_F = √(σ²_{k+1} + … + σ²ᵣ), the error of the best rank-k copy. Notebook 02, Eq. (2.5).
+    """‖P − P_k‖_F = √(σ²_{k+1} + … + σ²ᵣ), the error of the best rank-k copy. Notebook 02, Eq. (2.6).
 
     Args:
         P: ``(..., n, s)``.
@@ -124,7 +124,7 @@ def truncation_error(P, k, *, relative=False):
 
 
 def truncation_errors(P, *, relative=False, method="svd"):
-    """``truncation_error`` for every k = 1 … r at once, from one spectrum. Notebook 02, Eq. (2.5).
+    """``truncation_error`` for every k = 1 … r at once, from one spectrum. Notebook 02, Eq. (2.6).
 
     Returns:
         ``(..., r)``; entry k-1 is ‖P − P_k‖_F (0 at k = r).
