@@ -56,6 +56,16 @@ def test_linformer_theorem2_k_takes_the_smaller_term():
     assert jl.linformer_theorem2_k(10**6, 2, 0.1) == 1248
 
 
+def test_theorem2_crossover():
+    # d = 64: ln n > 9·64·ln 64 / 5 = 479.1, i.e. log10 n > 208.07
+    assert jl.theorem2_crossover_log10_n(64) == pytest.approx(9 * 64 * math.log(64) / 5 / math.log(10), rel=1e-12)
+    assert 208 < jl.theorem2_crossover_log10_n(64) < 208.2
+    # d = 2: the crossover is n = e^(18 ln 2 / 5) = 12.1, so n = 12 takes the ln n term and n = 13 the d-term
+    assert 10 ** jl.theorem2_crossover_log10_n(2) == pytest.approx(2 ** 3.6, rel=1e-12)
+    assert jl.linformer_theorem2_k(12, 2, 0.5) == math.ceil(5 * math.log(12) / 0.25)
+    assert jl.linformer_theorem2_k(13, 2, 0.5) == math.ceil(9 * 2 * math.log(2) / 0.25)
+
+
 @pytest.mark.parametrize("n_points", [2, 50, 10**4])
 def test_jl_eps_inverts_jl_min_dim(n_points):
     for k in (100, 1000, 20000):
@@ -191,6 +201,74 @@ def test_projected_attention_error_batches():
     np.testing.assert_allclose(batched, [jl.projected_attention_error(P[i], v[i], R) for i in range(3)])
 
 
+# --- Theorem 1's amplification and Theorem 2's construction ---------------------------------
+
+def test_amplification_factor_by_brute_force_and_cauchy_schwarz():
+    rng = np.random.default_rng(10)
+    P = np.stack([_attention(rng, 7) for _ in range(3)])  # (h, n, s)
+    v = rng.standard_normal((3, 7))
+    factor = jl.amplification_factor(P, v)
+    assert factor.shape == (3,)
+    brute = [np.sqrt((P[i] ** 2).sum()) * np.linalg.norm(v[i]) / np.linalg.norm(P[i] @ v[i]) for i in range(3)]
+    np.testing.assert_allclose(factor, brute, rtol=1e-12)
+    assert np.all(factor >= 1 - 1e-12)  # ‖P v‖ <= ‖P‖_F ‖v‖
+    # uniform rows and v = ones: ‖P‖_F = 1 and ‖v‖ = ‖P v‖ = √5, so the factor is exactly 1
+    assert jl.amplification_factor(np.full((5, 5), 0.2), np.ones(5)) == pytest.approx(1.0, rel=1e-12)
+
+
+def test_amplification_factor_is_about_sqrt_s_for_an_independent_v():
+    n, rng = 128, np.random.default_rng(11)
+    factors = [jl.amplification_factor(_attention(rng, n), rng.standard_normal(n)) for _ in range(20)]
+    # E(w_i v)² = ‖w_i‖² for v ~ N(0, I), so ‖P v‖² ≈ ‖P‖_F² and ‖v‖² ≈ n: the factor is ≈ √n.
+    # The median of 20 draws sits within 2 % of √n at this seed; allow a third either way.
+    assert 0.75 * math.sqrt(n) < np.median(factors) < 1.33 * math.sqrt(n)
+
+
+@pytest.mark.parametrize(("k", "n"), [(1, 1), (4, 9), (64, 128)])
+@pytest.mark.parametrize("delta", [0.01, 0.1, 1.0])
+def test_theorem2_projections_are_delta_r_and_exp_minus_delta_r_of_one_draw(k, n, delta):
+    E, F = jl.theorem2_projections(k, n, np.random.default_rng(12), delta=delta)
+    R = jl.gaussian_projection(k, n, np.random.default_rng(12))  # the same generator state
+    assert E.shape == F.shape == (k, n)
+    np.testing.assert_allclose(E, delta * R, rtol=1e-15, atol=0)
+    np.testing.assert_allclose(F, math.exp(-delta) * R, rtol=1e-15, atol=0)
+    # so F = e^(−δ)/δ · E, whatever R is
+    np.testing.assert_allclose(F * delta, E * math.exp(-delta), rtol=1e-14, atol=0)
+
+
+def test_theorem2_projections_default_delta_and_scale():
+    E, F = jl.theorem2_projections(50, 2000, np.random.default_rng(13))
+    R = E / 0.1  # the default δ is 0.1
+    np.testing.assert_allclose(F, math.exp(-0.1) * R, rtol=1e-14)
+    # R has entries N(0, 1/k): its sample variance over 100,000 entries is within 2.2 % (5 sd) of 1/k.
+    assert abs(R.var() * 50 - 1) < 5 * math.sqrt(2 / R.size)
+
+
+@pytest.mark.parametrize("k", [64, 256])
+def test_theorem2_error_is_small_on_the_jl_scale_but_not_relative_to_pv(k):
+    n, rng = 128, np.random.default_rng(14)
+    jl_scale, zero_output, relative = [], [], []
+    for _ in range(10):
+        scores = rng.standard_normal((n, n)) * 2  # (n, s)
+        P = np.exp(scores - scores.max(-1, keepdims=True))
+        P /= P.sum(-1, keepdims=True)
+        v = rng.standard_normal(n)
+        E, F = jl.theorem2_projections(k, n, rng)
+        projected = scores @ E.T  # (n, k): w Eᵀ for every row w
+        weights = np.exp(projected - projected.max(-1, keepdims=True))
+        out = weights / weights.sum(-1, keepdims=True) @ (F @ v)  # (n,): softmax(w Eᵀ) F v
+        exact, scale = P @ v, np.linalg.norm(P, axis=-1) * np.linalg.norm(v)  # Eq. (8)'s ‖softmax(w)‖ ‖v‖
+        jl_scale.append(np.abs(out - exact) / scale)
+        zero_output.append(np.abs(exact) / scale)
+        relative.append(np.linalg.norm(out - exact) / np.linalg.norm(exact))
+    # On Eq. (8)'s scale the median row is off by ≈ 0.06 (measured 0.057 and 0.058 at this seed), no
+    # worse than an output of zero (also ≈ 0.06, i.e. 1/√n): allow 0.1 and 1.5× the zero output.
+    assert np.median(jl_scale) < 0.1
+    assert np.median(jl_scale) < 1.5 * np.median(zero_output)
+    # Relative to ‖P v‖ the construction keeps almost nothing: measured 0.95 and 0.99; 0.8 leaves room.
+    assert np.median(relative) > 0.8
+
+
 # --- Errors for bad input --------------------------------------------------------------------
 
 @pytest.mark.parametrize("eps", [0, 1, -0.1, 1.5, float("nan")])
@@ -218,6 +296,13 @@ def test_bad_sizes_are_rejected():
         jl.linformer_theorem2_k(100, 1, 0.5)
     with pytest.raises(ValueError, match=r"density .* \(0, 1\]"):
         jl.sparse_projection(3, 5, rng, density=0)
+    for delta in (0, -0.1, float("inf"), float("nan"), True):
+        with pytest.raises(ValueError, match="delta .* positive finite"):
+            jl.theorem2_projections(3, 5, rng, delta=delta)
+    with pytest.raises(ValueError, match="d .* integer >= 2"):
+        jl.theorem2_crossover_log10_n(1)
+    with pytest.raises(ValueError, match="must share s"):
+        jl.amplification_factor(np.ones((3, 4)), np.ones(5))
 
 
 def test_rng_must_be_a_generator():

@@ -104,40 +104,64 @@ exercise_3_2 = Exercise("3.2", "the distortion of every pairwise distance", jl.p
                         MISTAKES_3_2, names=("distortion",))
 
 
-# --- Exercise 3.3: the Johnson–Lindenstrauss dimension -------------------------------------
+# --- Exercise 3.3: Theorem 1's error and its amplification factor -------------------------
+# The learner returns two numbers for a given P, v and R: the relative error of Eq. (3.6) and the
+# factor ‖P‖_F ‖v‖ / ‖P v‖ of Eq. (3.9) that separates it from the JL scale of Eq. (3.8).
 
-def _bound_with(*, log=math.log, denominator=lambda e: e**2 / 2 - e**3 / 3, rounding=math.ceil):
-    """The exercise's function with one slip in the logarithm, the denominator or the rounding."""
-    def jl_min_dim(n_points, eps):
-        return rounding(4 * log(n_points) / denominator(eps))
-    return jl_min_dim
+def _theorem1_reference(P, v, R):
+    return jl.projected_attention_error(P, v, R), jl.amplification_factor(P, v)
+
+
+def _theorem1_with(*, lift=lambda P, v, R: P @ (R.T @ (R @ v)), error_scale="pv", p_norm="fro",
+                   inverted=False):
+    """The exercise's function with one slip in the projection, the error's scale or the factor."""
+    def theorem1_error(P, v, R):
+        exact = P @ v  # (n,)
+        gap = np.linalg.norm(lift(P, v, R) - exact)
+        scale = {"pv": np.linalg.norm(exact), "jl": np.linalg.norm(P) * np.linalg.norm(v), "none": 1.0}[error_scale]
+        factor = np.linalg.norm(P, p_norm) * np.linalg.norm(v) / np.linalg.norm(exact)
+        return gap / scale, 1 / factor if inverted else factor
+    return theorem1_error
 
 
 MISTAKES_3_3 = (
-    Mistake("log10", _bound_with(log=math.log10),
-            "the bound uses the natural logarithm ln n (math.log or np.log), not log10."),
-    Mistake("log2", _bound_with(log=math.log2),
-            "the bound uses the natural logarithm ln n (math.log or np.log), not log2."),
-    Mistake("truncated", _bound_with(rounding=math.floor),
-            "k must be at least the bound: round *up* with math.ceil (int() and floor round down)."),
-    Mistake("no-rounding", _bound_with(rounding=lambda x: x),
-            "a dimension is a whole number: return math.ceil of the bound."),
-    Mistake("no-cubic-term", _bound_with(denominator=lambda e: e**2 / 2),
-            "the denominator is ε²/2 − ε³/3; dropping −ε³/3 gives a smaller, unproven k (Eq. 3.4)."),
-    Mistake("eps-not-squared", _bound_with(denominator=lambda e: e / 2 - e**2 / 3),
-            "the denominator is ε²/2 − ε³/3 (squared and cubed), not ε/2 − ε²/3."),
+    Mistake("output-axis", _theorem1_with(lift=lambda P, v, R: R.T @ (R @ (P @ v))),
+            "R projects the key/value axis s, between P and v: P Rᵀ R v, not Rᵀ R P v (which squeezes "
+            "the n output positions instead)."),
+    Mistake("error-on-jl-scale", _theorem1_with(error_scale="jl"),
+            "Theorem 1's error is relative to ‖P v‖ (Eq. 3.6); dividing by ‖P‖_F ‖v‖ gives the JL-scale "
+            "error, which is smaller by exactly the amplification factor."),
+    Mistake("absolute-error", _theorem1_with(error_scale="none"),
+            "the error is relative: divide ‖P Rᵀ R v − P v‖ by ‖P v‖ (Eq. 3.6)."),
+    Mistake("spectral-norm", _theorem1_with(p_norm=2),
+            "the factor uses the Frobenius norm ‖P‖_F (all entries squared, np.linalg.norm(P)), the sum "
+            "of the row norms ‖w_i‖² of Eq. (3.8) — not the spectral norm np.linalg.norm(P, 2)."),
+    Mistake("factor-inverted", _theorem1_with(inverted=True),
+            "the factor is upside down: ‖P‖_F ‖v‖ / ‖P v‖, which is at least 1 by Cauchy–Schwarz."),
 )
 
 
+def _softmax_rows(scores):
+    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))  # max subtracted: no overflow
+    return weights / weights.sum(axis=-1, keepdims=True)
+
+
 def _cases_3_3():
+    rng = np.random.default_rng(35)
     return [
-        ("n_points = 1000, eps = 0.1", (1000, 0.1), {}),
-        ("n_points = 10**6, eps = 0.5", (10**6, 0.5), {}),
-        ("n_points = 50, eps = 0.3", (50, 0.3), {}),
+        ("n = s = 16, k = 8, centred v",
+         (_softmax_rows(2 * rng.standard_normal((16, 16))), rng.standard_normal(16),
+          jl.gaussian_projection(8, 16, rng)), {}),
+        ("n = 24 queries, s = 40 keys, k = 12",
+         (_softmax_rows(rng.standard_normal((24, 40))), rng.standard_normal(40), jl.gaussian_projection(12, 40, rng)),
+         {}),
+        ("n = s = 64, k = 32, v with an offset",
+         (_softmax_rows(3 * rng.standard_normal((64, 64))), 1 + rng.standard_normal(64),
+          jl.gaussian_projection(32, 64, rng)), {}),
     ]
 
 
-exercise_3_3 = Exercise("3.3", "the Johnson–Lindenstrauss dimension", jl.jl_min_dim, _cases_3_3, MISTAKES_3_3,
-                        names=("k",), atol=0.0, rtol=0.0)
+exercise_3_3 = Exercise("3.3", "Theorem 1's error and its amplification factor", _theorem1_reference, _cases_3_3,
+                        MISTAKES_3_3, names=("error", "amplification"))
 
 EXERCISES = [exercise_3_1, exercise_3_2, exercise_3_3]

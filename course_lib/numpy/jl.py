@@ -75,6 +75,34 @@ def sparse_projection(k, n, rng, *, density=1 / 3):
     return np.where(u < density / 2, scale, np.where(u < density, -scale, 0.0))  # (k, n)
 
 
+def theorem2_projections(k, n, rng, *, delta=0.1):
+    """E = δR and F = e^(−δ)R from one Gaussian R. Notebook 03, Eq. (3.11); Wang et al. 2020, Eq. (9).
+
+    The construction in the proof of Linformer's Theorem 2 (the paper writes E, F as n × k;
+    here they are (k, n), like every projection in the course).  R is
+    ``gaussian_projection(k, n, rng)``, entries N(0, 1/k).  The paper asks only that δ be "a
+    small constant".  The default 0.1 keeps the projected scores δ·(R wᵀ)_j below one in size
+    for score rows w of norm ~23 (MiniLM's median, notebook 03) at k >= 16, so the softmax over
+    the k projected positions is neither saturated nor exactly uniform; notebook 03 measures the
+    same error at δ = 0.01 and 0.1 and a somewhat larger one at δ = 1.  The guarantee this construction proves
+    (the paper's Eq. 8) is on the JL scale ‖softmax(w)‖‖v‖, not relative to ‖softmax(w) v‖.
+
+    Args:
+        k: projected length (rows), k >= 1.
+        n: sequence length (columns), n >= 1.
+        rng: ``numpy.random.Generator``; R is its next k·n standard normals over √k.
+        delta: δ > 0.
+
+    Returns:
+        ``(E, F)``, each ``(k, n)``.
+    """
+    if isinstance(delta, bool) or not isinstance(delta, (int, float, np.floating, np.integer)) \
+            or not 0.0 < delta < math.inf:
+        raise ValueError(f"delta (the scale δ of E = δR) must be a positive finite number, got {delta!r}.")
+    R = gaussian_projection(k, n, rng)  # (k, n): the shared draw
+    return delta * R, math.exp(-delta) * R  # (k, n) each
+
+
 # --- Distortion of pairwise distances -------------------------------------------------------
 
 def pairwise_sq_distances(X):
@@ -160,9 +188,11 @@ def jl_min_dim(n_points, eps):
 def linformer_min_k(n, eps):
     """Projected length k of Linformer's Theorem 1. Notebook 03, Eq. (3.5); Wang et al. 2020, Theorem 1.
 
-    k = ⌈5 ln n / (ε² − ε³)⌉: with R ``(k, n)``, entries N(0, 1/k), the low-rank matrix
-    P Rᵀ R satisfies ‖P Rᵀ R v − P v‖ ≤ ε‖P v‖ for a column v of V with probability
-    1 − o(1).  The natural log is used; the paper writes "log".
+    k = ⌈5 ln n / (ε² − ε³)⌉: the paper states that with R ``(k, n)``, entries N(0, 1/k),
+    ‖P Rᵀ R v − P v‖ ≤ ε‖P v‖ for a column v of V with probability 1 − o(1).  JL bounds
+    the error relative to ‖P‖_F‖v‖, not ‖P v‖ (``amplification_factor``), and notebook 03
+    measures the statement failing for most heads at n = 128.  The natural log is used; the
+    paper writes "log".
 
     Args:
         n: sequence length, n >= 2.
@@ -181,8 +211,8 @@ def linformer_theorem2_k(n, d, eps):
 
     k = ⌈min{9 d ln d / ε², 5 ln n / ε²}⌉.  The paper states min{Θ(9 d log d / ε²),
     5 Θ(log n / ε²)}: the Θ hides constants, so this is an order of magnitude, not a
-    guarantee.  Its point is the first term: once n > d^(9d/5), k depends on the head
-    dimension d and not on n.
+    guarantee.  Taken literally, the d-term is the smaller only once ln n > 9 d ln d / 5, i.e.
+    n > d^(9d/5) (about 10^208 for d = 64): at any real length the k comes from the ln n term.
 
     Args:
         n: sequence length, n >= 2.
@@ -196,6 +226,22 @@ def linformer_theorem2_k(n, d, eps):
     _check_int("d", d, 2, "the head dimension")
     _check_eps(eps)
     return math.ceil(min(9 * d * math.log(d), 5 * math.log(n)) / eps**2)
+
+
+def theorem2_crossover_log10_n(d):
+    """log10 of the n above which Eq. (3.7)'s d-term is the smaller one. Notebook 03, Eq. (3.7).
+
+    9 d ln d / ε² < 5 ln n / ε²  ⇔  ln n > 9 d ln d / 5; returned as a base-10 exponent because
+    the n itself overflows a float for d >= 64 (d = 64 gives 208.1).
+
+    Args:
+        d: head dimension, d >= 2.
+
+    Returns:
+        log10 n at the crossover, a float.
+    """
+    _check_int("d", d, 2, "the head dimension")
+    return 9 * d * math.log(d) / 5 / math.log(10)
 
 
 def _solve_increasing(f, target, low, high):
@@ -274,3 +320,24 @@ def projected_attention_error(P, v, R):
     lifted_v = np.einsum("ks,...k->...s", R, projected_v)  # (..., s): Rᵀ R v
     approx = np.einsum("...ns,...s->...n", P, lifted_v)  # (..., n)
     return np.linalg.norm(approx - exact, axis=-1) / np.linalg.norm(exact, axis=-1)
+
+
+def amplification_factor(P, v):
+    """‖P‖_F ‖v‖ / ‖P v‖: how much larger the JL scale is than ‖P v‖. Notebook 03, Eq. (3.9).
+
+    Summed over rows, the JL guarantee of Eq. (3.8) bounds ‖P Rᵀ R v − P v‖ by ε‖P‖_F‖v‖;
+    relative to ‖P v‖ (Theorem 1, Eq. 3.5) that is ε times this factor.  For v independent
+    of P each |w_i v| is about ‖w_i‖‖v‖/√s, so the factor is about √s (the key length).
+
+    Args:
+        P: attention weights ``(..., n, s)``.
+        v: a value vector ``(..., s)``.
+
+    Returns:
+        ``(...)``, the factor (>= 1 by Cauchy–Schwarz).
+    """
+    P, v = np.asarray(P, dtype=float), np.asarray(v, dtype=float)
+    if P.ndim < 2 or v.shape[-1] != P.shape[-1]:
+        raise ValueError(f"P (..., n, s) and v (..., s) must share s, got P {P.shape}, v {v.shape}.")
+    exact = np.einsum("...ns,...s->...n", P, v)  # (..., n)
+    return np.linalg.norm(P, axis=(-2, -1)) * np.linalg.norm(v, axis=-1) / np.linalg.norm(exact, axis=-1)
