@@ -297,3 +297,57 @@ def test_a_short_training_run_is_reproducible_and_learns():
     assert first == second  # same seeds, same losses to the last bit
     history, _ = first
     assert history["step"][-1] == 20 and history["loss"][-1] < history["loss"][0]
+
+
+# --- lesson 04: mean pooling, fitted projections, the stored comparison -------------------------
+
+@pytest.mark.parametrize("k, s", [(4, 16), (3, 10), (5, 5)])
+def test_mean_pooling_averages_consecutive_blocks(tree, k, s):
+    pool = tree.numpy(tree.linformer.mean_pooling(k, s))
+    assert pool.shape == (k, s)
+    np.testing.assert_allclose(pool.sum(axis=-1), 1.0, rtol=1e-6)  # each row an average (float32 on torch)
+    assert np.all((pool > 0).sum(axis=0) == 1)  # every position in exactly one block
+    columns = [np.flatnonzero(row) for row in pool]
+    assert all(c[-1] + 1 == n[0] for c, n in zip(columns, columns[1:], strict=False))  # consecutive blocks
+    if k == s:
+        np.testing.assert_allclose(pool, np.eye(s), rtol=1e-6)
+
+
+@pytest.mark.parametrize("k, s", [(0, 4), (5, 4), (2.0, 4)])
+def test_mean_pooling_rejects_bad_sizes(tree, k, s):
+    with pytest.raises(ValueError, match="must be an integer"):
+        tree.linformer.mean_pooling(k, s)
+
+
+def test_fit_projections_lowers_the_error_and_leaves_the_start_alone():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(6, 2, 16, 4, dtype=torch.float64) for _ in range(3))  # (passages, heads, n, d)
+    start = torch_lin.mean_pooling(4, 16, dtype=torch.float64)
+    before = start.clone()
+    E, F, losses = torch_lin.fit_projections(q, k, v, start, start, steps=60, lr=1e-2)
+    assert torch.equal(start, before) and not E.requires_grad and E.shape == (4, 16)
+    assert len(losses) == 60 and losses[-1] < 0.8 * losses[0]  # Adam on a smooth loss: a clear fall in 60 steps
+    exact = torch_full.softmax_attention(q, k, v)
+    error = (torch_lin.linformer_attention(q, k, v, E, F) - exact).square().sum((-2, -1))
+    start_error = (torch_lin.linformer_attention(q, k, v, start, start) - exact).square().sum((-2, -1))
+    assert (error / exact.square().sum((-2, -1))).mean() < (start_error / exact.square().sum((-2, -1))).mean()
+
+
+def test_fit_projections_stays_at_an_exact_start():
+    q, k, v = (torch.randn(2, 8, 4, dtype=torch.float64) for _ in range(3))
+    eye = torch.eye(8, dtype=torch.float64)  # k = n, E = F = I: Linformer is exact attention, loss 0
+    _, _, losses = torch_lin.fit_projections(q, k, v, eye, eye, steps=3, lr=1e-3)
+    assert losses[0] < 1e-20
+
+
+def test_stored_learned_projections_are_complete_and_ordered():
+    from course_lib import data_path
+
+    stored = np.load(data_path("learned_projections.npz"))
+    methods = [str(m) for m in stored["methods"]]
+    ks = list(stored["ks"])
+    assert ks == sorted(ks) and stored["heldout_errors"].shape == (len(ks), len(methods), 12)
+    error = dict(zip(methods, stored["heldout_errors"].mean(axis=-1).T, strict=True))
+    assert np.all(error["learned E, F"] < error["mean pooling"])  # the lesson's claim, on the stored data
+    assert np.all(error["output-optimal (needs P V)"] < 1e-6)  # k >= e = 32: exact
+    assert all(stored[f"E_k{k}"].shape == (k, 256) for k in ks)

@@ -3,7 +3,7 @@
 import numpy as np
 
 from course_lib.checks import Exercise, Mistake
-from course_lib.numpy import linformer
+from course_lib.numpy import jl, linformer
 
 
 def _case(seed, lead, n, d, e, k):
@@ -27,13 +27,20 @@ def _head_reference(q, k, v, E, F):
     return projected_keys, projected_values, weights, linformer.linformer_attention(q, k, v, E, F)
 
 
-def _head(*, project=lambda proj, x: proj @ x, values=True, scale=lambda d, k: d ** -0.5, axis=-1, same=False):
+def _unstable_softmax(scores, axis=-1):
+    with np.errstate(over="ignore", invalid="ignore"):  # the slip itself: exp overflows to inf, inf/inf is NaN
+        weights = np.exp(scores)
+        return weights / weights.sum(axis=axis, keepdims=True)
+
+
+def _head(*, project=lambda proj, x: proj @ x, values=True, scale=lambda d, k: d ** -0.5, axis=-1, same=False,
+          softmax=_softmax):
     """The exercise's function, made with one slip."""
     def head(q, k, v, E, F):
         projected_keys = project(E, k)
         projected_values = project(E if same else F, v) if values else v
         scores = q @ np.swapaxes(projected_keys, -1, -2) * scale(q.shape[-1], E.shape[-2])
-        weights = _softmax(scores, axis)
+        weights = softmax(scores, axis)
         return projected_keys, projected_values, weights, weights @ projected_values
     return head
 
@@ -53,6 +60,9 @@ MISTAKES_4_1 = (
             "the scores are divided by √k; the scale stays 1/√d, the head dim, as in exact attention (Eq. 4.3)."),
     Mistake("softmax-over-queries", _head(axis=-2),
             "the softmax runs over the query axis; normalise over the k projected keys (the last axis)."),
+    Mistake("softmax-overflow", _head(softmax=_unstable_softmax),
+            "the softmax overflowed: exp of a score above ~709 is inf in float64, and inf / inf is NaN. "
+            "Subtract each row's maximum score before exp; softmax is unchanged by that shift."),
 )
 
 
@@ -61,7 +71,13 @@ def _cases_4_1():
         ("n = s = d = e = k = 6 (square, so every slip runs)", _case(41, (), 6, 6, 6, 6), {}),
         ("n = s = 12, d = 4, e = 3, k = 5", _case(42, (), 12, 4, 3, 5), {}),
         ("batched (b, h) = (2, 3), n = s = 16, d = e = 8, k = 4", _case(43, (2, 3), 16, 8, 8, 4), {}),
+        ("large scores (q and k times 30, scores up to ~10³), n = s = 8, d = e = 4, k = 3", _large_case(), {}),
     ]
+
+
+def _large_case():
+    q, keys, v, E, F = _case(47, (), 8, 4, 4, 3)
+    return 30 * q, 30 * keys, v, E, F  # scores of several hundred to a few thousand: exp overflows
 
 
 exercise_4_1 = Exercise("4.1", "a Linformer head in NumPy", _head_reference, _cases_4_1, MISTAKES_4_1,
@@ -123,46 +139,66 @@ exercise_4_2 = Exercise("4.2", "Linformer attention with a key-padding mask", _m
                         MISTAKES_4_2, names=("output",))
 
 
-# --- Exercise 4.3: counting the cost ----------------------------------------------------------
+# --- Exercise 4.3: Theorem 1's error on two scales --------------------------------------------
 
-def _cost_reference(n, s, d, e, k):
-    """FLOPs (2 per multiply-add) of the matrix products: exact attention, then Linformer. Eq. (4.5)."""
-    exact = 2 * n * s * d + 2 * n * s * e  # q kᵀ, P v
-    projections = 2 * k * s * d + 2 * k * s * e  # E k, F v
-    return exact, projections + 2 * n * k * d + 2 * n * k * e  # + q (E k)ᵀ, P̄ (F v)
+def _theorem1_reference(P, v, R):
+    """Relative error, JL-scale error and amplification of P Rᵀ R v ≈ P v. Notebook 03, Eqs. (3.6) and (3.8)."""
+    exact = P @ v  # (n,)
+    error = np.linalg.norm(P @ R.T @ (R @ v) - exact)
+    relative = jl.projected_attention_error(P, v, R)
+    scale = np.linalg.norm(P) * np.linalg.norm(v)  # ‖P‖_F ‖v‖: the scale a JL guarantee is relative to
+    return relative, error / scale, scale / np.linalg.norm(exact)
 
 
-def _cost(*, factor=2, projections=True, values=True, k_power=1):
-    """The exercise's function, made with one slip in the count."""
-    def cost(n, s, d, e, k):
-        kk = k ** k_power
-        exact = factor * n * s * (d + e)
-        proj = factor * kk * s * (d + (e if values else 0)) if projections else 0
-        return exact, proj + factor * n * kk * (d + e)
-    return cost
+def _theorem1(*, p_norm=lambda P: np.linalg.norm(P), v_norm=lambda v: np.linalg.norm(v), divide_by=None,
+              invert=False, square=False):
+    """The exercise's function, made with one slip."""
+    def errors(P, v, R):
+        exact = P @ v
+        error = np.linalg.norm(P @ R.T @ (R @ v) - exact)
+        norm_exact = np.linalg.norm(exact) if divide_by is None else divide_by(P, v)
+        if square:
+            error, norm_exact = error ** 2, norm_exact ** 2
+        scale = p_norm(P) * v_norm(v)
+        amplification = norm_exact / scale if invert else scale / norm_exact
+        return error / norm_exact, error / scale, amplification
+    return errors
 
 
 MISTAKES_4_3 = (
-    Mistake("multiply-adds", _cost(factor=1),
-            "these are multiply-adds; count FLOPs: 2 per multiply-add (a multiply and an add)."),
-    Mistake("projections-free", _cost(projections=False),
-            "the projections E k and F v are matrix products too: 2·k·s·d + 2·k·s·e more FLOPs."),
-    Mistake("one-projection", _cost(values=False),
-            "both k and v are projected: count F v (2·k·s·e) as well as E k (2·k·s·d)."),
-    Mistake("quadratic-in-k", _cost(k_power=2),
-            "each product has one factor k, not k²: e.g. q (E k)ᵀ is (n, d)·(d, k), 2·n·k·d FLOPs."),
+    Mistake("spectral-norm", _theorem1(p_norm=lambda P: np.linalg.norm(P, 2)),
+            "‖P‖ here is the Frobenius norm, the root of the sum of the rows' squared norms ‖P_i‖² "
+            "(np.linalg.norm(P)); the spectral norm (np.linalg.norm(P, 2)) is only the largest singular value."),
+    Mistake("inverted-amplification", _theorem1(invert=True),
+            "the amplification is ‖P‖_F ‖v‖ / ‖P v‖, which is at least 1 (Cauchy–Schwarz, row by row): "
+            "relative error = amplification × JL-scale error."),
+    Mistake("relative-to-v", _theorem1(divide_by=lambda P, v: np.linalg.norm(v)),
+            "the relative error divides by ‖P v‖, the size of the exact output, not by ‖v‖."),
+    Mistake("squared-norms", _theorem1(square=True),
+            "these are ratios of norms, not of squared norms: take the square root of the sums of squares."),
 )
+
+
+def _attention_case(seed, n, k, spread, offset):
+    rng = np.random.default_rng(seed)
+    scores = spread * rng.standard_normal((n, n))  # a small spread: near-uniform rows
+    P = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    P /= P.sum(axis=-1, keepdims=True)  # (n, s), rows sum to 1
+    v = rng.standard_normal(n)
+    v = v - v.mean() + offset  # offset 0: a centred value column, as in notebook 03
+    return P, v, rng.standard_normal((k, n)) / np.sqrt(k)  # R ~ N(0, 1/k)
 
 
 def _cases_4_3():
     return [
-        ("n = s = 4096, d = e = 64, k = 128", (4096, 4096, 64, 64, 128), {}),
-        ("n = 512, s = 1024, d = 32, e = 48, k = 64", (512, 1024, 32, 48, 64), {}),
-        ("n = s = 10, d = 3, e = 5, k = 2", (10, 10, 3, 5, 2), {}),
+        ("n = s = 64, k = 16, peaked rows (score spread 3), centred v", _attention_case(48, 64, 16, 3.0, 0.0), {}),
+        ("n = s = 128, k = 32, near-uniform rows (spread 0.3), centred v", _attention_case(49, 128, 32, 0.3, 0.0), {}),
+        ("n = s = 32, k = 8, spread 1, v offset by 2", _attention_case(50, 32, 8, 1.0, 2.0), {}),
     ]
 
 
-exercise_4_3 = Exercise("4.3", "count the cost of exact and Linformer attention", _cost_reference, _cases_4_3,
-                        MISTAKES_4_3, names=("exact_flops", "linformer_flops"), atol=0, rtol=0)
+exercise_4_3 = Exercise("4.3", "Theorem 1's error on two scales and the amplification between them",
+                        _theorem1_reference, _cases_4_3, MISTAKES_4_3,
+                        names=("relative_error", "jl_scale_error", "amplification"))
 
 EXERCISES = [exercise_4_1, exercise_4_2, exercise_4_3]

@@ -95,6 +95,21 @@ def linformer_attention(q, k, v, E, F, *, key_mask=None):
     return softmax_attention(q, projected_keys, projected_values)
 
 
+def mean_pooling(k, s):
+    """Mean pooling as a projection ``(k, s)``. Notebook 04, Section 4.3; Wang et al. 2020, §4.
+
+    Row i averages the i-th of k consecutive blocks of positions (``np.array_split`` sizes, so
+    k need not divide s): one of the paper's "general projections", fixed and non-negative.
+    """
+    for name, value, low in (("k", k, 1), ("s", s, k)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low} (1 <= k <= s positions), got {value!r}.")
+    pool = np.zeros((k, s))
+    for i, block in enumerate(np.array_split(np.arange(s), k)):
+        pool[i, block] = 1.0 / len(block)  # (k, s): each row sums to 1
+    return pool
+
+
 def count_projection_matrices(n_layers, n_heads, sharing):
     """How many distinct k × n projection matrices a model has. Notebook 05, Eq. (5.3); Wang et al. 2020, §4.
 

@@ -14,8 +14,9 @@ from torch import nn
 from course_lib import _validate
 
 # Counting matrices is plain arithmetic: one definition serves both trees.
+from course_lib.numpy import linformer as _numpy_linformer
 from course_lib.numpy.linformer import SHARING_MODES, count_projection_matrices  # noqa: F401 (re-exported)
-from course_lib.torch.full import MultiHeadAttention, masked_softmax
+from course_lib.torch.full import MultiHeadAttention, masked_softmax, softmax_attention
 
 
 def _check(q, k, v=None, E=None, F=None, key_mask=None):
@@ -123,6 +124,51 @@ def causal_leak(attention, q, k, v, t, *, shift=1.0):
     before = attention(q, k, v)[..., : t + 1, :]  # (..., t + 1, e)
     after = attention(q, future_k, future_v)[..., : t + 1, :]
     return float((after - before).abs().max())
+
+
+def mean_pooling(k, s, *, dtype=torch.float32, device=None):
+    """Mean pooling as a projection ``(k, s)``. Notebook 04, Section 4.3; Wang et al. 2020, §4.
+
+    Row i averages the i-th of k consecutive blocks of positions; the NumPy tree's matrix as a tensor.
+    """
+    return torch.as_tensor(_numpy_linformer.mean_pooling(k, s), dtype=dtype, device=device)  # (k, s)
+
+
+def fit_projections(q, k, v, E, F, *, steps=200, lr=1e-2, log_every=0):
+    """Fit E and F to exact attention's output by gradient descent. Notebook 04, Eq. (4.6).
+
+    Minimises the mean over the leading dims of ‖Linformer(q, k, v) − softmax_attention(q, k, v)‖²
+    / ‖softmax_attention(q, k, v)‖² (Frobenius norms over ``(n, e)``) with Adam, full batch.  Only
+    E and F change: q, k, v are data, e.g. those a frozen pretrained model computes on training text.
+
+    Args:
+        q, k, v: ``(..., n, d)``, ``(..., s, d)``, ``(..., s, e)``, e.g. ``(passages, heads, n, d)``.
+        E, F: starting projections ``(..., k, s)``, broadcast over q's leading dims (``(heads, k, s)``:
+            one pair per head, shared by every passage); they are copied, not changed.
+        steps: Adam steps.
+        lr: Adam's learning rate.
+        log_every: print the loss every this many steps (0: silent).
+
+    Returns:
+        ``(E, F, losses)``: the fitted projections (detached) and the loss before each step.
+    """
+    q, k, v = q.detach(), k.detach(), v.detach()
+    with torch.no_grad():
+        target = softmax_attention(q, k, v)  # (..., n, e)
+        target_sq = target.square().sum(dim=(-2, -1))  # (...): ‖Y‖² per head and passage
+    E, F = (p.detach().clone().requires_grad_(True) for p in (E, F))
+    optimizer = torch.optim.Adam([E, F], lr=lr)
+    losses = []
+    for step in range(steps):
+        optimizer.zero_grad()
+        error_sq = (linformer_attention(q, k, v, E, F) - target).square().sum(dim=(-2, -1))  # (...)
+        loss = (error_sq / target_sq).mean()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+        if log_every and (step + 1) % log_every == 0:
+            print(f"  step {step + 1:>4}/{steps}: mean relative squared error {loss.item():.3g}", flush=True)
+    return E.detach(), F.detach(), losses
 
 
 # --- modules: notebook 05 -------------------------------------------------------------------
