@@ -2,87 +2,193 @@
 
 import numpy as np
 
-from course_lib.checks import Exercise, Mistake
-from course_lib.numpy import linformer, lowrank
+from course_lib.checks import Exercise, Mistake, run_check
 
-# --- Exercise 5.1: count the distinct projection matrices ---------------------------------
-
-def _count_reference(n_layers, n_heads, sharing):
-    return linformer.count_projection_matrices(n_layers, n_heads, sharing)
+# --- Exercise 5.1: share E and F across layers inside the PyTorch modules -----------------
 
 
-def _count_with(counts):
-    """The exercise's function built from a table ``sharing -> f(L, h)`` that holds one slip."""
-    def count(n_layers, n_heads, sharing):
-        return counts[sharing](n_layers, n_heads)
-    return count
+def _encoder(n_layers, n_heads, max_len, k, seed):
+    """A seeded headwise ``LinformerEncoder`` (width 8 · heads, vocabulary 8): the exercise's input."""
+    import torch
+
+    from course_lib.torch.linformer import LinformerEncoder
+
+    torch.manual_seed(seed)
+    return LinformerEncoder(n_layers, 8 * n_heads, n_heads, max_len, k, "headwise", vocab_size=8)
 
 
-_RIGHT = {"none": lambda L, h: 2 * L * h, "headwise": lambda L, h: 2 * L, "key-value": lambda L, h: L,
-          "layerwise": lambda L, h: 1}
+def _tie(model, source_of):
+    """Give every layer the projections ``source_of(model, layer, name)`` (the same Parameter object)."""
+    for layer in model.layers:
+        for name in ("E", "F"):
+            setattr(layer.attention, name, source_of(model, layer, name))
+    return model
+
+
+def _share_reference(model):
+    return _tie(model, lambda m, layer, name: getattr(m.layers[0].attention, name))
+
+
+def summarise(model):
+    """What the check compares: distinct E/F matrices, parameter count, output and gradient of one batch.
+
+    The gradient of E in the first layer after one backward pass tells a shared Parameter (it
+    gathers the gradient of every layer) from equal copies (only its own layer's).
+    """
+    import torch
+
+    from course_lib.torch.linformer import distinct_projection_matrices
+
+    tokens = torch.randint(0, 8, (2, model.layers[0].attention.max_len), generator=torch.Generator().manual_seed(0))
+    model.zero_grad()
+    out = model(tokens)  # (b, n, vocab)
+    out.square().sum().backward()
+    grad = model.layers[0].attention.E.grad
+    return (distinct_projection_matrices(model), sum(p.numel() for p in model.parameters()), out.detach(),
+            grad.detach())
+
+
+def _copy_values(model):
+    import torch
+
+    def source_of(m, layer, name):
+        return torch.nn.Parameter(getattr(m.layers[0].attention, name).detach().clone())
+    return _tie(model, source_of)
+
+
+def _one_matrix(model):
+    return _tie(model, lambda m, layer, name: m.layers[0].attention.E)
+
+
+def _keys_only(model):
+    return _tie(model, lambda m, layer, name: m.layers[0].attention.E
+                if name == "E" else layer.attention.F)
+
+
+def _last_layer(model):
+    return _tie(model, lambda m, layer, name: getattr(m.layers[-1].attention, name))
+
 
 MISTAKES_5_1 = (
-    Mistake("e-and-f-once", _count_with({**_RIGHT, "none": lambda L, h: L * h, "headwise": lambda L, h: L}),
-            "without key-value sharing every head (or layer) has TWO matrices, E for the keys and F for the "
-            "values: count both (2·L·h for 'none', 2·L for 'headwise')."),
-    Mistake("forgot-layers", _count_with({**_RIGHT, "none": lambda L, h: 2 * h, "headwise": lambda L, h: 2,
-                                          "key-value": lambda L, h: 1}),
-            "the count is for the whole model: every one of the L layers has its own projections unless the "
-            "sharing is 'layerwise' — multiply by n_layers."),
-    Mistake("key-value-as-headwise", _count_with({**_RIGHT, "key-value": lambda L, h: 2 * L}),
-            "key-value sharing goes one step beyond headwise: E = F, so each layer keeps ONE matrix (L in all)."),
-    Mistake("layerwise-keeps-e-and-f", _count_with({**_RIGHT, "layerwise": lambda L, h: 2}),
-            "layerwise sharing uses one matrix for every layer, every head, keys AND values: the count is 1."),
+    Mistake("copied-values", _copy_values,
+            "the layers hold EQUAL copies, not one shared matrix: a new nn.Parameter (or .data.copy_) makes "
+            "a separate tensor that training moves apart. Assign the same Parameter object: "
+            "layer.attention.E = model.layers[0].attention.E."),
+    Mistake("one-matrix", _one_matrix,
+            "that is layerwise sharing (one matrix serves as every E and every F). Keep keys and values apart: "
+            "every layer's E is layer 1's E, every layer's F is layer 1's F — 2 matrices in all."),
+    Mistake("keys-only", _keys_only,
+            "only E is shared: every layer still has its own F. Tie F to layer 1's F as well."),
+    Mistake("last-layer", _last_layer,
+            "the layers share the LAST layer's matrices; the exercise asks for layer 1's "
+            "(model.layers[0]), whose values every layer then uses."),
 )
 
 
 def _cases_5_1():
-    return [(f"{L} layers, {h} heads, sharing={mode!r}", (L, h, mode), {})
-            for L, h in ((12, 12), (3, 4)) for mode in linformer.SHARING_MODES]
+    return [(f"{L} layers, {h} heads, n = {n}, k = {k}", (_encoder(L, h, n, k, seed),), {})
+            for L, h, n, k, seed in ((2, 2, 8, 4, 0), (3, 1, 6, 2, 1), (4, 2, 5, 5, 2))]
 
 
-exercise_5_1 = Exercise("5.1", "count the distinct projection matrices", _count_reference, _cases_5_1,
-                        MISTAKES_5_1, names=("count",))
+class _ModelExercise(Exercise):
+    """An exercise whose answer is a model: the check compares ``summarise`` of it."""
+
+    def __call__(self, candidate, *, verbose=True):
+        def wrap(fn):
+            return lambda *args, **kwargs: summarise(fn(*args, **kwargs))
+        mistakes = [Mistake(m.name, wrap(m.fn), m.hint) for m in self.mistakes]
+        return run_check(self.number, wrap(candidate), wrap(self.reference), self.cases(), names=self.names,
+                         mistakes=mistakes, atol=self.atol, rtol=self.rtol, verbose=verbose)
 
 
-# --- Exercise 5.2: the best rank-k error of the reversal permutation (Eq. 5.5) -------------
-
-def reversal_matrix(n):
-    """The anti-diagonal permutation J ``(n, n)``: the attention that reverses a sequence."""
-    return np.eye(n)[::-1]
+exercise_5_1 = _ModelExercise("5.1", "share E and F across the layers", _share_reference, _cases_5_1,
+                              MISTAKES_5_1, names=("distinct matrices", "parameters", "output",
+                                                   "gradient of layer 1's E"), atol=1e-5, rtol=1e-4)
 
 
-def _reversal_reference(n, k):
-    J = reversal_matrix(n)
-    return lowrank.singular_values(J), lowrank.truncation_error(J, k, relative=True)
+# --- Exercise 5.2: when has a training run converged? (the rule of tools/train_sharing.py) -
 
 
-def _reversal_with(error_of):
-    """The exercise's function with the right singular values and a slipped error ``error_of(n, k)``."""
-    def reversal_error(n, k):
-        return np.ones(n), error_of(n, k)
-    return reversal_error
+def plateau_stop(steps, losses, *, window, tol, min_steps):
+    """``(stop step, converged)``: the first evaluation at which the best loss fell by < tol over the window.
+
+    ``steps`` are the evenly spaced steps at which the held-out loss ``losses`` was measured; the
+    test runs at every evaluation from ``min_steps`` on and compares the best loss up to ``t -
+    window`` with the best loss up to ``t``.  Without a plateau: ``(steps[-1], False)``.
+    """
+    per_window = window // (steps[1] - steps[0])
+    for i, t in enumerate(steps):
+        if t >= min_steps and i >= per_window and min(losses[:i + 1 - per_window]) - min(losses[:i + 1]) < tol:
+            return t, True
+    return steps[-1], False
+
+
+def _last_not_best(steps, losses, *, window, tol, min_steps):
+    per_window = window // (steps[1] - steps[0])
+    for i, t in enumerate(steps):
+        if t >= min_steps and i >= per_window and losses[i - per_window] - losses[i] < tol:
+            return t, True
+    return steps[-1], False
+
+
+def _relative(steps, losses, *, window, tol, min_steps):
+    per_window = window // (steps[1] - steps[0])
+    for i, t in enumerate(steps):
+        best_before, best = min(losses[:i + 1 - per_window] or [np.inf]), min(losses[:i + 1])
+        if t >= min_steps and i >= per_window and (best_before - best) / best < tol:
+            return t, True
+    return steps[-1], False
+
+
+def _no_min_steps(steps, losses, *, window, tol, min_steps):
+    return plateau_stop(steps, losses, window=window, tol=tol, min_steps=0)
+
+
+def _window_in_evaluations(steps, losses, *, window, tol, min_steps):
+    return plateau_stop(steps, losses, window=window * (steps[1] - steps[0]), tol=tol, min_steps=min_steps)
 
 
 MISTAKES_5_2 = (
-    Mistake("not-square-rooted", _reversal_with(lambda n, k: 1 - k / n),
-            "that is the squared error: ‖J − J_k‖_F is the square ROOT of the sum of the dropped σ² (Eq. 2.5)."),
-    Mistake("not-relative", _reversal_with(lambda n, k: np.sqrt(n - k)),
-            "that is the absolute error ‖J − J_k‖_F; divide by ‖J‖_F = √n for the relative one."),
-    Mistake("share-kept", _reversal_with(lambda n, k: np.sqrt(k / n)),
-            "that is the share of J the k kept directions hold; the error is what the n − k dropped ones hold."),
-    Mistake("spectral-norm", _reversal_with(lambda n, k: float(k < n)),
-            "that is the error in the spectral norm (the largest dropped σ, 1 here); Eq. (5.5) uses the "
-            "Frobenius norm, which adds up every dropped σ²."),
+    Mistake("last-not-best", _last_not_best,
+            "you compared two single evaluations (the loss now and one window ago); one noisy evaluation can "
+            "rise or fall by more than tol. Compare the BEST loss up to t − window with the best loss up to t."),
+    Mistake("relative-tol", _relative,
+            "tol is an absolute fall in nats (cross-entropy), not a fraction of the loss: near a loss of 0.01 "
+            "a relative test never passes, near 2 it passes on a real fall."),
+    Mistake("no-min-steps", _no_min_steps,
+            "a run first sits on the plateau of guessing (loss ≈ ln 8 ≈ 2.08) before it learns: never stop "
+            "before min_steps."),
+    Mistake("window-in-evaluations", _window_in_evaluations,
+            "window is in training steps; with an evaluation every steps[1] − steps[0] steps it spans "
+            "window // (steps[1] − steps[0]) evaluations."),
 )
 
 
+def _curve(seed, *, stall, floor, rate, noise, n_evals=40, every=100):
+    """A synthetic held-out loss: a plateau at ln 8 for ``stall`` steps, then decay to ``floor``, plus noise."""
+    rng = np.random.default_rng(seed)
+    steps = [every * (i + 1) for i in range(n_evals)]
+    loss = [float(np.log(8.0) if t <= stall else floor + (np.log(8.0) - floor) * np.exp(-rate * (t - stall))
+                  + noise * rng.standard_normal()) for t in steps]
+    return steps, [max(x, 1e-4) for x in loss]
+
+
 def _cases_5_2():
-    return [("n = 8, k = 2", (8, 2), {}), ("n = 32, k = 8", (32, 8), {}), ("n = 12, k = 9", (12, 9), {}),
-            ("n = 6, k = 6", (6, 6), {})]
+    rule = dict(window=500, tol=0.01, min_steps=1000)
+    cases = [("a slow start, then a plateau at 0.4", _curve(0, stall=600, floor=0.4, rate=3e-3, noise=0.02)),
+             ("a run that learns to a loss near 0", _curve(1, stall=200, floor=0.002, rate=4e-3, noise=0.0)),
+             ("a long stall at ln 8, then learning", _curve(2, stall=800, floor=0.8, rate=2e-3, noise=0.01)),
+             ("still falling at the last step", _curve(3, stall=0, floor=0.0, rate=2e-4, noise=0.0))]
+    steps, falling = _curve(5, stall=0, floor=0.0, rate=5e-4, noise=0.0)
+    spiked = [x + 0.5 * (t == 1500) for t, x in zip(steps, falling, strict=True)]  # one noisy evaluation
+    cases.append(("a falling run with one noisy evaluation at step 1500", (steps, spiked)))
+    out = [(name, curve, rule) for name, curve in cases]
+    out.append(("evaluations every 200 steps", _curve(4, stall=400, floor=1.2, rate=1e-3, noise=0.0, every=200),
+                rule))
+    return out
 
 
-exercise_5_2 = Exercise("5.2", "the best rank-k error of the reversal permutation", _reversal_reference,
-                        _cases_5_2, MISTAKES_5_2, names=("singular values", "relative error"))
+exercise_5_2 = Exercise("5.2", "when has a training run converged?", plateau_stop, _cases_5_2, MISTAKES_5_2,
+                        names=("stop step", "converged"))
 
 EXERCISES = [exercise_5_1, exercise_5_2]
