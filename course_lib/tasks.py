@@ -160,3 +160,81 @@ def evaluate_reversal(model, *, n, vocab_size, generator, batch_size=256):
         loss = reversal_loss(model, tokens, targets).item()
         accuracy = (model(tokens).argmax(-1) == targets).double().mean().item()
     return loss, accuracy
+
+
+# --- Lesson 07: sequence duplication (the copy task) ---------------------------------------
+
+COPY_SEPARATOR = 0  # token 0 separates the sequence from its copy; symbols are 1 … n_symbols
+
+
+def copy_batch(batch_size, length, n_symbols, generator):
+    """A batch of the copy task: ``length`` random symbols, the separator, the same symbols again. Notebook 07.
+
+    Katharopoulos et al. 2020, §4.1 (sequence duplication), scaled down: a fixed ``length`` and
+    ``n_symbols`` symbols (the paper: up to 128 positions, 10 symbols).  Read by a causal model
+    as next-token prediction, the second half can only be predicted by attending ``length + 1``
+    positions back.
+
+    Args:
+        batch_size, length, n_symbols: batch size b, symbols per half L, number of symbols.
+        generator: a ``torch.Generator``; the same generator state gives the same batch.
+
+    Returns:
+        ``(b, 2 L + 1)`` int64 tokens.
+    """
+    import torch
+
+    symbols = torch.randint(1, n_symbols + 1, (batch_size, length), generator=generator)  # (b, L)
+    separator = torch.full((batch_size, 1), COPY_SEPARATOR, dtype=torch.long)  # (b, 1)
+    return torch.cat([symbols, separator, symbols], dim=1)  # (b, 2L + 1)
+
+
+def copy_loss(model, tokens):
+    """Cross-entropy of the next-token prediction on the copied half only (the first half is random).
+
+    ``model(tokens[:, :-1])`` gives logits ``(b, 2L, vocab)``; position L (the separator)
+    predicts the first copied symbol, position 2L - 1 the last.
+    """
+    import torch.nn.functional as F
+
+    length = (tokens.shape[1] - 1) // 2
+    logits = model(tokens[:, :-1])[:, length:]  # (b, L, vocab): the predictions of the copy
+    return F.cross_entropy(logits.flatten(0, 1), tokens[:, length + 1:].flatten())
+
+
+def train_copy(model, *, length, n_symbols, steps, generator, batch_size=32, lr=3e-3, log_every=10):
+    """Train ``model`` on fresh copy-task batches with Adam; return the logged training losses.
+
+    Every step draws a new batch from ``generator``, so a run is fixed by the generator's seed
+    and the model's initial weights (seed torch before building the model).
+
+    Returns:
+        ``{"step": [...], "loss": [...]}``: the loss every ``log_every`` steps (and the last).
+    """
+    import torch
+
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    history = {"step": [], "loss": []}
+    model.train()
+    for step in range(1, steps + 1):
+        loss = copy_loss(model, copy_batch(batch_size, length, n_symbols, generator))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step % log_every == 0 or step == steps:
+            history["step"].append(step)
+            history["loss"].append(loss.item())
+    return history
+
+
+def evaluate_copy(model, *, length, n_symbols, generator, batch_size=256):
+    """``(loss, accuracy)`` on one held-out copy batch; accuracy is per copied token (teacher forcing)."""
+    import torch
+
+    tokens = copy_batch(batch_size, length, n_symbols, generator)
+    model.eval()
+    with torch.no_grad():
+        loss = copy_loss(model, tokens).item()
+        predicted = model(tokens[:, :-1])[:, length:].argmax(-1)  # (b, L)
+        accuracy = (predicted == tokens[:, length + 1:]).double().mean().item()
+    return loss, accuracy
