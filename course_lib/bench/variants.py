@@ -153,12 +153,13 @@ def _build_linear(case, t, causal=False, chunked=False):
     return (lambda: linear.causal_linear_attention(t["q"], t["k"], t["v"], chunk_size=chunk)), _qkv(t)
 
 
-def _build_performer(case, t, causal=False):
+def _build_performer(case, t, causal=False, chunked=False):
     from course_lib.torch.performer import performer_attention, random_matrix
 
     # ω is drawn once, outside the timed call: redrawing features is the caller's choice, not the kernel's cost.
     omega = random_matrix(case.m, case.d, t["gen"]).to(t["q"])  # (f, d)
-    return (lambda: performer_attention(t["q"], t["k"], t["v"], omega, causal=causal)), _qkv(t)
+    chunk = chunk_size(case) if chunked else None
+    return (lambda: performer_attention(t["q"], t["k"], t["v"], omega, causal=causal, chunk_size=chunk)), _qkv(t)
 
 
 @dataclasses.dataclass
@@ -194,6 +195,8 @@ VARIANTS = {
                          "m random features"),
     "causal_performer": Variant(_causal(_build_performer), performer_flops, ("m",), "performer_attention, "
                                 "causal=True (prefix sums)"),
+    "causal_performer_chunked": Variant(_causal(_build_performer, chunked=True), performer_flops, ("m", "chunk"),
+                                        "performer_attention, causal=True, chunked (memory linear in n)"),
 }
 
 
