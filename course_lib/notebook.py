@@ -19,6 +19,10 @@ LESSONS = {
     "03_johnson_lindenstrauss": "03 · Random projections and the Johnson–Lindenstrauss lemma",
     "04_linformer": "04 · Linformer: attention through k projected keys",
     "05_parameter_sharing": "05 · Parameter sharing in Linformer",
+    "06_linear_attention": "06 · Linear attention: attention as a kernel, in linear time",
+    "07_transformers_are_rnns": "07 · Transformers are RNNs: generation one token at a time",
+    "08_favor_plus": "08 · FAVOR+: softmax attention from positive orthogonal random features",
+    "09_putting_it_together": "09 · Putting it together: choosing an efficient attention",
 }
 
 

@@ -20,10 +20,23 @@ def rounded(x, digits=6):
     return np.round(x * scale) / scale
 
 
+# The legend stands right of the plot, top-aligned: never over the title, the subplot titles or the
+# x-axis title, however many entries it has (plotly widens the right margin to hold it).
+LEGEND = dict(orientation="v", x=1.02, xanchor="left", y=1.0, yanchor="top")
+TOP_MARGIN, SUBTITLE_ROOM = 60, 30  # px: the title's line, then one more line for subplot titles
+
+
+def top_margin(fig, title):
+    """The top margin ``fig`` needs: a line for ``title``, one more when subplot titles sit above the plots."""
+    subtitles = any(a.yref and a.yref.startswith("paper") and a.y is not None and a.y >= 1
+                    for a in fig.layout.annotations)
+    return TOP_MARGIN + (SUBTITLE_ROOM if title and subtitles else 0)
+
+
 def style(fig, *, title=None, x_title=None, y_title=None, log_x=False, log_y=False, height=420):
-    """Apply the course layout to ``fig`` and return it."""
-    fig.update_layout(template=TEMPLATE, title=title, height=height, margin=dict(l=60, r=20, t=60, b=50),
-                      legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0))
+    """Apply the course layout to ``fig`` and return it: legend at the right, room above for the titles."""
+    fig.update_layout(template=TEMPLATE, title=title, height=height,
+                      margin=dict(l=60, r=20, t=top_margin(fig, title), b=50), legend=LEGEND)
     # Only what was asked for: axes a caller already set (log scales, titles) stay as they are.
     for update, axis_title, log in ((fig.update_xaxes, x_title, log_x), (fig.update_yaxes, y_title, log_y)):
         if axis_title is not None:
@@ -45,12 +58,18 @@ def lines(x, series, *, mode="lines+markers", dash=None, **layout):
     return style(fig, **layout)
 
 
-def heatmap(matrix, *, colorscale="Viridis", zmin=None, zmax=None, **layout):
-    """A matrix as a heatmap with row 0 at the top (how attention maps are read)."""
+def heatmap(matrix, *, colorscale="Viridis", zmin=None, zmax=None, x_title="key position j",
+            y_title="query position i", **layout):
+    """A matrix as a heatmap with row 0 at the top (how attention maps are read), axes always titled.
+
+    The default axis titles read an attention map (rows: queries, columns: keys); name others'.
+    """
+    if not (x_title and y_title):
+        raise ValueError(f"heatmap needs both axis titles, got x_title={x_title!r}, y_title={y_title!r}")
     fig = go.Figure(go.Heatmap(z=rounded(matrix), colorscale=colorscale, zmin=zmin, zmax=zmax))
     fig.update_yaxes(autorange="reversed")
     layout.setdefault("height", 420)
-    return style(fig, **layout)
+    return style(fig, x_title=x_title, y_title=y_title, **layout)
 
 
 # --- Lesson 02 ---
@@ -115,6 +134,8 @@ def spectrum_and_error(sigma, cumulative, errors, *, k, title=None, height=380):
         fig.add_vline(x=k, line_dash="dot", line_color="gray", row=1, col=col)
     fig = style(fig, title=title, height=height)
     fig.update_xaxes(title="k")
+    fig.update_yaxes(title="share (σ_k / σ_1 and c_k)", col=1)
+    fig.update_yaxes(title="relative error", col=2)
     return fig
 
 
@@ -164,7 +185,10 @@ def context_maps(maps, *, title=None, zmax=None, height=340, digits=3):
         fig.add_trace(go.Heatmap(z=rounded(matrix, digits), zmin=0.0, zmax=zmax, colorscale="Viridis",
                                  showscale=col == len(maps)), row=1, col=col)
         fig.update_yaxes(autorange="reversed", row=1, col=col)
-    return style(fig, title=title, height=height)
+    fig = style(fig, title=title, height=height)
+    fig.update_xaxes(title="key position j")
+    fig.update_yaxes(title="query position i", col=1)
+    return fig
 
 
 # --- Lesson 05 ---
@@ -239,3 +263,144 @@ def measured_vs_bound(x, measured, bounds, *, marker=None, marker_label=None, **
         values = values[np.isfinite(values)]
         _vertical(fig, marker, values.min(), values.max(), marker_label, "gray", "dot")
     return fig
+
+
+# --- Lesson 06 ---
+
+def feature_maps(x, maps, *, title="Feature maps and their slopes", height=380):
+    """Two panels against ``x``: phi(x) and phi'(x), one line per ``name: (values, slopes)``."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("phi(x)", "phi'(x), the gradient that flows back"))
+    for i, (name, (values, slopes)) in enumerate(maps.items()):
+        for col, y in ((1, values), (2, slopes)):
+            fig.add_trace(go.Scatter(x=rounded(x), y=rounded(y), name=name, legendgroup=name, showlegend=col == 1,
+                                     mode="lines", line=dict(color=COLORS[i % len(COLORS)])), row=1, col=col)
+    style(fig, title=title, height=height)
+    fig.update_xaxes(title="x (one entry of q or k)")
+    return fig
+
+
+def cost_bars(times, *, title="Forward time", height=340):
+    """Bars of ``{variant: seconds}`` (a live measurement), each labelled in ms."""
+    names = list(times)
+    ms = [1e3 * times[name] for name in names]
+    fig = go.Figure(go.Bar(x=names, y=rounded(ms, 3), text=[f"{t:.3g} ms" for t in ms], textposition="outside",
+                           marker_color=[COLORS[i % len(COLORS)] for i in range(len(names))]))
+    return style(fig, title=title, x_title="kernel", y_title="forward time (ms, minimum of repeats)", height=height)
+
+
+def memory_per_token(rows, *, title="Peak memory per token, forward+backward", height=400):
+    """Peak memory divided by n (KiB per token) versus n, one line per variant, from benchmark rows."""
+    groups = {}
+    for row in rows:
+        if row.get("status") == "ok":
+            groups.setdefault(row["variant"], []).append(row)
+    fig = go.Figure()
+    for i, (name, group) in enumerate(sorted(groups.items())):
+        group = sorted(group, key=lambda r: r["n"])
+        per_token = [r["peak_bytes"] / r["n"] / 1024 for r in group]  # KiB per token
+        fig.add_trace(go.Scatter(x=[r["n"] for r in group], y=rounded(per_token, 3), name=name, mode="lines+markers",
+                                 line=dict(color=COLORS[i % len(COLORS)])))
+    return style(fig, title=title, x_title="n (log scale)", y_title="KiB per token (log scale)", log_x=True, log_y=True,
+                 height=height)
+
+
+# --- Lesson 07 ---
+
+def generation_at(rows, position, *, title=None, height=360):
+    """Two bar panels for one position t: time per token and the state carried, one bar per method."""
+    from plotly.subplots import make_subplots
+
+    at = {r["method"]: r for r in rows if r["position"] == position}
+    names = [name for name in ("linear_step", "softmax_cache", "softmax_no_cache") if name in at]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("time per token (µs, minimum of repeats)",
+                                                        "state carried to the next token (KiB)"))
+    colors = [COLORS[i % len(COLORS)] for i in range(len(names))]
+    micro = [1e6 * at[name]["time_min_s"] for name in names]
+    kib = [at[name]["state_bytes"] / 1024 for name in names]
+    fig.add_trace(go.Bar(x=names, y=rounded(micro, 3), marker_color=colors, showlegend=False), row=1, col=1)
+    fig.add_trace(go.Bar(x=names, y=rounded(kib, 3), marker_color=colors, showlegend=False), row=1, col=2)
+    style(fig, title=title or f"Making token {position}", height=height)
+    fig.update_yaxes(type="log", title="µs (log scale)", row=1, col=1)
+    fig.update_yaxes(title="KiB", row=1, col=2)
+    fig.update_xaxes(title="method")
+    return fig
+
+
+# --- Lesson 08 ---
+
+def running_means(draws, means, bands, exact, *, title="Mean of the estimates over draws of ω", height=400):
+    """Running means of estimators (``name: values``) against the number of draws, with bands and the exact value."""
+    fig = go.Figure()
+    for i, name in enumerate(means):
+        color = COLORS[i % len(COLORS)]
+        low, high = means[name] - bands[name], means[name] + bands[name]
+        fig.add_trace(go.Scatter(x=np.concatenate([draws, draws[::-1]]), y=rounded(np.concatenate([high, low[::-1]])),
+                                 fill="toself", fillcolor=color, opacity=0.2, line=dict(width=0),
+                                 name=f"{name}: 95% band", hoverinfo="skip"))
+        fig.add_trace(go.Scatter(x=draws, y=rounded(means[name]), name=f"{name}: running mean", mode="lines",
+                                 line=dict(color=color)))
+    fig.add_hline(y=float(exact), line_dash="dash", line_color="black", annotation_text="exact exp(xᵀy)")
+    return style(fig, title=title, x_title="draws of ω", y_title="estimate of exp(xᵀy)", log_x=True, height=height)
+
+
+def mse_bands(ms, series, *, title="Output MSE versus m", y_title="MSE of the attention output", height=420):
+    """Mean MSE versus m, one line per ``name: (mean, error)`` with ±error bars, log-log axes, a tick at every m."""
+    fig = go.Figure()
+    for i, (name, (mean, std)) in enumerate(series.items()):
+        fig.add_trace(go.Scatter(x=ms, y=rounded(mean, 4), name=name, mode="lines+markers",
+                                 error_y=dict(type="data", array=rounded(std, 3), visible=True),
+                                 line=dict(color=COLORS[i % len(COLORS)])))
+    style(fig, title=title, x_title="m (random features)", y_title=y_title, log_x=True, log_y=True, height=height)
+    return fig.update_xaxes(tickvals=list(ms), ticktext=[str(m) for m in ms])
+
+
+# --- Lesson 09 ---
+
+def bench_minimum_figure(rows, *, title="Forward time (minimum of repeats) and peak memory versus n", height=440):
+    """Benchmark rows as two log-log panels, minimum time and peak memory versus n, one trace per variant."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("forward time, minimum (s)", "peak memory (MiB)"))
+    variants = sorted({r["variant"] for r in rows if r["status"] == "ok"})
+    for i, variant in enumerate(variants):
+        group = sorted((r for r in rows if r["variant"] == variant and r["status"] == "ok"), key=lambda r: r["n"])
+        n = [r["n"] for r in group]
+        for col, y in ((1, [r["time_min_s"] for r in group]), (2, [r["peak_bytes"] / 2**20 for r in group])):
+            fig.add_trace(go.Scatter(x=n, y=rounded(y, 3), name=variant, legendgroup=variant, showlegend=col == 1,
+                                     mode="lines+markers", line=dict(color=COLORS[i % len(COLORS)])), row=1, col=col)
+    style(fig, title=title, height=height)
+    fig.update_xaxes(title="n", type="log")
+    fig.update_yaxes(type="log")
+    return fig
+
+
+def pareto_figure(rows, *, floor=1e-6, title="Error versus cost on one MiniLM layer", height=440):
+    """Relative error (clipped at ``floor``) against minimum time, one trace per variant, settings as labels."""
+    fig = go.Figure()
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    for i, variant in enumerate(variants):
+        group = [r for r in rows if r["variant"] == variant]
+        fig.add_trace(go.Scatter(x=rounded([r["time_s"] * 1e3 for r in group], 2),
+                                 y=rounded([max(r["error"], floor) for r in group], 3),
+                                 text=[r["setting"] if r["setting"] != "–" else "" for r in group],
+                                 textposition=["top center", "bottom center"] * len(group),  # labels alternate
+                                 mode="markers+text+lines", name=variant,
+                                 marker=dict(size=9, color=COLORS[i % len(COLORS)])))
+    style(fig, title=title, x_title="forward time, minimum (ms)", y_title="relative error (clipped at 1e-6)",
+          log_x=True, log_y=True, height=height)
+    return fig.update_yaxes(exponentformat="power")
+
+
+def swap_in_bars(rows, unrelated, *, title="MiniLM with every layer swapped: cosine to the exact embeddings",
+                 height=460):
+    """Mean embedding cosine per variant and setting as horizontal bars, with the unrelated-passages level."""
+    labels = [f"{r['variant']}, {r['setting']}" if r["setting"] != "–" else r["variant"] for r in rows]
+    fig = go.Figure(go.Bar(x=rounded([r["mean"] for r in rows], 3), y=labels, orientation="h",
+                           marker_color=COLORS[0], name="mean cosine"))
+    fig.add_vline(x=float(rounded(unrelated, 3)), line_dash="dash", line_color="black",
+                  annotation_text="two different passages")
+    fig.update_yaxes(autorange="reversed")
+    return style(fig, title=title, x_title="cosine to the exact model's embedding", y_title="variant, setting",
+                 height=height)

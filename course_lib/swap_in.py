@@ -1,0 +1,135 @@
+"""Swap an attention variant into every layer of the pretrained MiniLM and compare sentence embeddings.
+
+Implements notebook 09, Section 9.4.  Each ``*_kernel`` function returns an attention kernel with
+``softmax_attention``'s signature ``fn(q, k, v, *, causal=False, key_mask=None)``, ``q, k, v
+(b, h, n, d)`` and ``key_mask (b, 1, s)``, ready for ``MiniLM.with_attention``.  The trained
+weights stay as they are: no variant is fine-tuned, so the cosine measures how well the kernel
+imitates softmax attention inside a network that was trained with softmax attention.
+
+    model = load_minilm()
+    kernel = linformer_kernel(*gaussian_projections(128, 256, rng))
+    embedding_cosines(model, kernel, texts, max_length=256)     # one cosine per text
+"""
+
+import numpy as np
+import torch
+
+from course_lib.numpy import jl
+from course_lib.torch.full import attention_weights
+from course_lib.torch.linear import elu_feature_map, linear_attention
+from course_lib.torch.linformer import linformer_attention, mean_pooling
+from course_lib.torch.performer import performer_attention, random_matrix
+
+
+def _encoder_only(causal):
+    if causal:
+        raise ValueError("these kernels are for the (non-causal) MiniLM encoder; causal=True is not supported.")
+
+
+def linformer_kernel(E, F):
+    """Linformer with fixed projections ``E, F (k, n_max)``. Notebook 09, Section 9.4; notebook 05, Eq. (5.1).
+
+    E is fixed-length: a text of s ≤ n_max tokens uses ``E[:, :s]`` (padded keys are zeroed
+    first, so padding changes nothing).  Pass ``n_max`` = the passage length.
+    """
+    def linformer(q, k, v, *, causal=False, key_mask=None):
+        _encoder_only(causal)
+        E_, F_ = (x.to(dtype=q.dtype, device=q.device) for x in (E, F))  # (k, n_max) each
+        return linformer_attention(q, k, v, E_, F_, key_mask=key_mask)  # (b, h, n, e)
+    return linformer
+
+
+def gaussian_projections(k, n, rng):
+    """E, F with N(0, 1/k) entries, two independent draws ``(k, n)``. Notebook 03, Eq. (3.3)."""
+    return (torch.from_numpy(jl.gaussian_projection(k, n, rng)), torch.from_numpy(jl.gaussian_projection(k, n, rng)))
+
+
+def svd_optimal_kernel(k_proj):
+    """The oracle P V_kᵀ V_k v, V_k the top-k right singular vectors of each exact P. Notebook 09, Section 9.4.
+
+    Not a fast method: it needs the n × s matrix P of every head and input (notebook 04,
+    Section 4.4, "SVD-optimal for P").  It shows what k positions could give at best when the
+    projection may depend on the input.  The SVD runs in float64: the tail singular values of
+    a softmax matrix are far below float32 resolution and would make the basis arbitrary.
+    The top right singular vectors of P are the top eigenvectors of Pᵀ P (``eigh`` is several
+    times faster than an SVD here, and the top eigenvalues are well separated from round-off).
+    """
+    def svd_optimal(q, k, v, *, causal=False, key_mask=None):
+        _encoder_only(causal)
+        P = attention_weights(q, k, key_mask=key_mask).double()  # (b, h, n, s)
+        vectors = torch.linalg.eigh(P.transpose(-1, -2) @ P)[1]  # (b, h, s, s), eigenvalues ascending
+        top = vectors[..., -k_proj:].transpose(-1, -2)  # (b, h, k, s)
+        v = v.double() if key_mask is None else v.double().masked_fill(~key_mask[..., :, None], 0.0)
+        return (P @ top.transpose(-1, -2) @ (top @ v)).to(q.dtype)  # (b, h, n, e)
+    return svd_optimal
+
+
+def linear_kernel(feature_map=elu_feature_map):
+    """Linear attention with ``feature_map`` (elu+1). Notebook 06, Eq. (6.2)."""
+    def linear(q, k, v, *, causal=False, key_mask=None):
+        _encoder_only(causal)
+        return linear_attention(q, k, v, feature_map=feature_map, key_mask=key_mask)  # (b, h, n, e)
+    return linear
+
+
+def performer_kernel(m, d, rng):
+    """FAVOR+ with one draw of m orthogonal random features for every layer and head. Notebook 08, Eq. (8.6)."""
+    omega = random_matrix(m, d, rng, dtype=torch.float32)  # (f, d)
+
+    def performer(q, k, v, *, causal=False, key_mask=None):
+        _encoder_only(causal)
+        return performer_attention(q, k, v, omega.to(dtype=q.dtype, device=q.device), key_mask=key_mask)
+    return performer
+
+
+@torch.inference_mode()
+def embeddings(model, texts, *, max_length=256, batch_size=16):
+    """Sentence embeddings ``(texts, d_model)`` of texts cut to ``max_length`` tokens. Notebook 02, Section 2.3.
+
+    The same mean pooling and unit scaling as ``MiniLM.encode``, at a length of our choosing.
+    """
+    out = []
+    for start in range(0, len(texts), batch_size):
+        token_ids, key_mask = model.tokenize(list(texts[start:start + batch_size]), max_length=max_length,
+                                             truncate=True)  # (b, n) each
+        hidden = model(token_ids, key_mask)  # (b, n, d_model)
+        weights = key_mask[..., None].to(hidden.dtype)  # (b, n, 1): 1 on real tokens
+        mean = (hidden * weights).sum(dim=1) / weights.sum(dim=1)  # (b, d_model); every text has ≥ 2 tokens
+        out.append(torch.nn.functional.normalize(mean, dim=-1))
+    return torch.cat(out).float().cpu().numpy()
+
+
+def embedding_cosines(model, attention, texts, *, max_length=256, reference=None):
+    """Cosine of each text's embedding with ``attention`` in every layer to the exact model's. Notebook 09, Eq. (9.3).
+
+    Args:
+        model: a ``MiniLM`` (exact softmax attention).
+        attention: a kernel with ``softmax_attention``'s signature.
+        texts: list of strings.
+        max_length: tokens per text, [CLS] and [SEP] included (longer texts are cut).
+        reference: the exact model's ``embeddings(model, texts, max_length=...)``, to reuse.
+
+    Returns:
+        NumPy ``(texts,)``: 1 means the same direction.
+    """
+    if not texts or isinstance(texts, str):
+        raise TypeError("texts must be a non-empty list of strings.")
+    exact = embeddings(model, texts, max_length=max_length) if reference is None else reference
+    swapped = embeddings(model.with_attention(attention), texts, max_length=max_length)
+    return np.einsum("td,td->t", exact.astype(np.float64), swapped.astype(np.float64))  # unit rows: the cosine
+
+
+def swap_in_settings(n, d, *, ks=(32, 64, 128), ms=(64, 256), seed=0):
+    """The variants and settings of notebook 09's table: ``[(variant, setting, kernel), ...]``.
+
+    Linformer's random E, F and FAVOR+'s ω come from one seeded generator each, drawn here.
+    """
+    rng = np.random.default_rng(seed)
+    generator = torch.Generator().manual_seed(seed)
+    rows = [("Linformer, SVD-optimal (oracle)", f"k = {k}", svd_optimal_kernel(k)) for k in ks]
+    rows += [("Linformer, mean pooling E = F", f"k = {k}", linformer_kernel(mean_pooling(k, n), mean_pooling(k, n)))
+             for k in ks]
+    rows += [("Linformer, Gaussian E, F", f"k = {k}", linformer_kernel(*gaussian_projections(k, n, rng))) for k in ks]
+    rows.append(("linear, elu+1", "–", linear_kernel()))
+    rows += [("FAVOR+", f"m = {m}", performer_kernel(m, d, generator)) for m in ms]
+    return rows

@@ -1,0 +1,96 @@
+"""Swapping attention variants into the pretrained MiniLM (course_lib.swap_in, notebook 09)."""
+
+import numpy as np
+import pytest
+import torch
+
+from course_lib import swap_in
+from course_lib.pretrained import load_minilm
+from course_lib.torch.full import softmax_attention
+from course_lib.torch.linformer import linformer_attention, mean_pooling
+from course_lib.torch.performer import performer_attention, random_matrix
+
+TEXTS = ["Attention weighs every token against every other token.",
+         "A short one.",
+         "Linear attention replaces the softmax kernel by a product of feature maps, so it runs in linear time."]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_minilm()
+
+
+def qkv(b=2, h=3, n=16, d=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(b, h, n, d, generator=g, dtype=torch.float64) for _ in range(3)]
+
+
+def test_embeddings_match_encode(model):
+    # Same pooling as MiniLM.encode; float32 round-off of one forward pass is ~1e-6.
+    np.testing.assert_allclose(swap_in.embeddings(model, TEXTS), model.encode(TEXTS), atol=1e-5)
+
+
+def test_exact_kernel_gives_cosine_one(model):
+    cos = swap_in.embedding_cosines(model, softmax_attention, TEXTS, max_length=64)
+    np.testing.assert_allclose(cos, 1.0, atol=1e-5)
+
+
+def test_a_bad_kernel_moves_the_embeddings(model):
+    def uniform(q, k, v, *, causal=False, key_mask=None):  # every query averages every value, padding included
+        return v.mean(dim=-2, keepdim=True).expand_as(v)
+    assert swap_in.embedding_cosines(model, uniform, TEXTS, max_length=64).min() < 0.9
+
+
+def test_svd_optimal_with_all_positions_is_exact():
+    q, k, v = qkv()
+    mask = torch.ones(2, 1, 16, dtype=torch.bool)
+    mask[1, :, 10:] = False
+    # k = s keeps every singular direction: P Vᵀ V v = P v up to float64 round-off.
+    out = swap_in.svd_optimal_kernel(16)(q, k, v, key_mask=mask)
+    torch.testing.assert_close(out, softmax_attention(q, k, v, key_mask=mask), atol=1e-10, rtol=0)
+
+
+def test_svd_optimal_error_falls_with_k():
+    q, k, v = qkv(n=32)
+    exact = softmax_attention(q, k, v)
+    errors = [float((swap_in.svd_optimal_kernel(kp)(q, k, v) - exact).norm()) for kp in (2, 8, 32)]
+    assert errors[0] > errors[1] > errors[2]
+
+
+def test_linformer_kernel_is_linformer_and_ignores_padding():
+    q, k, v = qkv(b=1)
+    E, F = mean_pooling(4, 16, dtype=torch.float64), mean_pooling(4, 16, dtype=torch.float64)
+    kernel = swap_in.linformer_kernel(E, F)
+    torch.testing.assert_close(kernel(q, k, v), linformer_attention(q, k, v, E, F))
+    padded = [torch.cat([x, 1e3 * torch.ones(1, 3, 4, 8, dtype=torch.float64)], dim=-2) for x in (k, v)]
+    mask = torch.arange(20)[None, None, :] < 16  # (1, 1, s)
+    E20, F20 = (torch.cat([x, torch.zeros(4, 4, dtype=torch.float64)], dim=-1) for x in (E, F))
+    out = swap_in.linformer_kernel(E20, F20)(q, *padded, key_mask=mask)
+    torch.testing.assert_close(out, kernel(q, k, v))
+
+
+def test_performer_kernel_uses_one_draw():
+    q, k, v = qkv(d=8)
+    kernel = swap_in.performer_kernel(16, 8, torch.Generator().manual_seed(3))
+    omega = random_matrix(16, 8, torch.Generator().manual_seed(3), dtype=torch.float32)
+    torch.testing.assert_close(kernel(q, k, v), performer_attention(q, k, v, omega.double()))
+    torch.testing.assert_close(kernel(q, k, v), kernel(q, k, v))  # no redraw between calls
+
+
+@pytest.mark.parametrize("kernel", [swap_in.linear_kernel(), swap_in.svd_optimal_kernel(4),
+                                    swap_in.linformer_kernel(mean_pooling(4, 16), mean_pooling(4, 16))])
+def test_causal_is_refused(kernel):
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="causal"):
+        kernel(q, k, v, causal=True)
+
+
+def test_texts_must_be_a_list(model):
+    with pytest.raises(TypeError, match="list of strings"):
+        swap_in.embedding_cosines(model, softmax_attention, "one string")
+
+
+def test_settings_cover_every_variant():
+    names = {row[0] for row in swap_in.swap_in_settings(32, 8, ks=(4,), ms=(8,))}
+    assert names == {"Linformer, SVD-optimal (oracle)", "Linformer, mean pooling E = F", "Linformer, Gaussian E, F",
+                     "linear, elu+1", "FAVOR+"}
