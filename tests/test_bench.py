@@ -271,7 +271,7 @@ def test_shipped_linformer_grid_still_reads():
 
     grid = bench.read_csv(data_path("bench_linformer_cpu.csv"))
     assert {r["variant"] for r in grid} >= {"exact", "sdpa", "linformer"}
-    assert bench.savings(grid)[4096, 128][0] > 1  # the file predates the chunk and message columns
+    assert bench.savings(grid)[4096, 128][0] > 1  # the grid notebook 04 reads
     assert any(line.strip().startswith("linformer n=4096 k=128") for line in bench.report(grid))
 
 
