@@ -125,11 +125,12 @@ def reversal_loss(model, tokens, targets):
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
-def train_reversal(model, *, n, vocab_size, steps, generator, batch_size=32, lr=3e-3, log_every=10):
-    """Train ``model`` on fresh reversal batches with Adam; return the logged training losses.
+def train(model, next_loss, *, steps, lr=3e-3, log_every=10):
+    """Adam on a fresh batch every step; return the logged training losses.
 
-    Every step draws a new batch from ``generator``, so a run is fixed by the generator's seed
-    and the model's initial weights (seed torch before building the model).
+    ``next_loss()`` draws the next batch (from the task's generator) and returns the model's loss
+    on it, so a run is fixed by the generator's seed and the model's initial weights (seed torch
+    before building the model).
 
     Returns:
         ``{"step": [...], "loss": [...]}``: the loss every ``log_every`` steps (and the last).
@@ -140,7 +141,7 @@ def train_reversal(model, *, n, vocab_size, steps, generator, batch_size=32, lr=
     history = {"step": [], "loss": []}
     model.train()
     for step in range(1, steps + 1):
-        loss = reversal_loss(model, *reversal_batch(batch_size, n, vocab_size, generator))
+        loss = next_loss()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -148,6 +149,12 @@ def train_reversal(model, *, n, vocab_size, steps, generator, batch_size=32, lr=
             history["step"].append(step)
             history["loss"].append(loss.item())
     return history
+
+
+def train_reversal(model, *, n, vocab_size, steps, generator, batch_size=32, lr=3e-3, log_every=10):
+    """Train ``model`` on fresh reversal batches drawn from ``generator`` (see ``train``)."""
+    return train(model, lambda: reversal_loss(model, *reversal_batch(batch_size, n, vocab_size, generator)),
+                 steps=steps, lr=lr, log_every=log_every)
 
 
 def evaluate_reversal(model, *, n, vocab_size, generator, batch_size=256):
@@ -203,28 +210,9 @@ def copy_loss(model, tokens):
 
 
 def train_copy(model, *, length, n_symbols, steps, generator, batch_size=32, lr=3e-3, log_every=10):
-    """Train ``model`` on fresh copy-task batches with Adam; return the logged training losses.
-
-    Every step draws a new batch from ``generator``, so a run is fixed by the generator's seed
-    and the model's initial weights (seed torch before building the model).
-
-    Returns:
-        ``{"step": [...], "loss": [...]}``: the loss every ``log_every`` steps (and the last).
-    """
-    import torch
-
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    history = {"step": [], "loss": []}
-    model.train()
-    for step in range(1, steps + 1):
-        loss = copy_loss(model, copy_batch(batch_size, length, n_symbols, generator))
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if step % log_every == 0 or step == steps:
-            history["step"].append(step)
-            history["loss"].append(loss.item())
-    return history
+    """Train ``model`` on fresh copy-task batches drawn from ``generator`` (see ``train``)."""
+    return train(model, lambda: copy_loss(model, copy_batch(batch_size, length, n_symbols, generator)),
+                 steps=steps, lr=lr, log_every=log_every)
 
 
 def evaluate_copy(model, *, length, n_symbols, generator, batch_size=256):
