@@ -15,6 +15,7 @@ float16 inputs are accumulated in float32 (a float16 running sum of ones stalls 
 import numpy as np
 
 from course_lib import _validate
+from course_lib.numpy.full import _check  # shapes, dtypes and the key mask, as for exact attention
 
 DEFAULT_CHUNK_SIZE = 64  # fastest forward+backward of the torch tree at n = 16,384 (tools/bench_linear.py)
 
@@ -37,17 +38,6 @@ def relu_feature_map(x):
 def _work_dtype(*xs):
     """float64 stays float64; float16 is accumulated in float32 (a float16 running sum stalls at 2048)."""
     return np.promote_types(np.result_type(*xs), np.float32)
-
-
-def _check(q, k, v=None, key_mask=None, names=("q", "k", "v")):
-    for name, x in zip(names, (q, k, v), strict=True):
-        if x is not None:
-            _validate.check_float(name, x, np.issubdtype(np.asarray(x).dtype, np.floating))
-    _validate.check_qkv(q, k, v)
-    if key_mask is not None:
-        key_mask = np.asarray(key_mask)
-        _validate.check_key_mask(key_mask, k, key_mask.dtype == np.bool_)
-    return key_mask
 
 
 def _check_causal(q, k, chunk_size):

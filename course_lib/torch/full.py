@@ -13,8 +13,8 @@ from torch import nn
 from course_lib import _validate
 
 
-def _check(q, k, v=None, key_mask=None):
-    for name, x in (("q", q), ("k", k), ("v", v)):
+def _check(q, k, v=None, key_mask=None, names=("q", "k", "v")):
+    for name, x in zip(names, (q, k, v), strict=True):
         if x is not None:
             _validate.check_float(name, x, x.is_floating_point())
     _validate.check_qkv(q, k, v)

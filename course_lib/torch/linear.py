@@ -18,6 +18,7 @@ import torch
 
 from course_lib import _validate
 from course_lib.numpy.linear import DEFAULT_CHUNK_SIZE, _check_causal  # noqa: F401 (DEFAULT_CHUNK_SIZE re-exported)
+from course_lib.torch import full
 from course_lib.torch._causal_linear import CausalSums
 
 HALF = (torch.float16, torch.bfloat16)
@@ -43,15 +44,11 @@ def _work(*xs):
 
 
 def _check(q, k, v=None, key_mask=None, names=("q", "k", "v")):
-    for name, x in zip(names, (q, k, v), strict=True):
-        if x is not None:
-            _validate.check_float(name, x, x.is_floating_point())
-    _validate.check_qkv(q, k, v)
+    full._check(q, k, v, key_mask, names)
+    # the sums run in one dtype: a silent promotion would hide a half-precision input
     if len({x.dtype for x in (q, k, v) if x is not None}) > 1:
         raise TypeError(f"{', '.join(names)} must share one dtype, got {q.dtype}, {k.dtype}"
                         + ("" if v is None else f", {v.dtype}") + ".")
-    if key_mask is not None:
-        _validate.check_key_mask(key_mask, k, key_mask.dtype == torch.bool)
 
 
 def _features(feature_map, *xs):
