@@ -119,6 +119,62 @@ def embedding_cosines(model, attention, texts, *, max_length=256, reference=None
     return np.einsum("td,td->t", exact.astype(np.float64), swapped.astype(np.float64))  # unit rows: the cosine
 
 
+def split_halves(texts):
+    """Each text cut into its first and second half of words: the queries and documents of ``retrieval_top1``."""
+    if not texts or isinstance(texts, str):
+        raise TypeError("texts must be a non-empty list of strings.")
+    words = [text.split() for text in texts]
+    if min(len(w) for w in words) < 2:
+        raise ValueError("every text needs at least two words to be cut in halves.")
+    return [" ".join(w[:len(w) // 2]) for w in words], [" ".join(w[len(w) // 2:]) for w in words]
+
+
+def retrieval_top1(queries, documents):
+    """Share of queries whose most similar document (cosine) is their own. Notebooks 09 and 10.
+
+    Args:
+        queries: unit embeddings ``(t, d_model)``; query i belongs to document i.
+        documents: unit embeddings ``(t, d_model)``.
+
+    Returns:
+        A float in [0, 1]; chance is 1 / t.
+    """
+    queries, documents = np.asarray(queries, np.float64), np.asarray(documents, np.float64)
+    if queries.shape != documents.shape or queries.ndim != 2:
+        raise ValueError(f"queries and documents must both be (t, d_model), got {queries.shape} and {documents.shape}.")
+    similarity = queries @ documents.T  # (t, t)
+    return float(np.mean(similarity.argmax(axis=1) == np.arange(len(queries))))
+
+
+def embedding_scores(swapped, exact):
+    """How a variant's embeddings relate to the exact model's, with the controls. Notebooks 09 and 10.
+
+    Args:
+        swapped: unit embeddings ``(t, d_model)`` of t texts from the variant.
+        exact: unit embeddings ``(t, d_model)`` of the same texts from the exact model.
+
+    Returns:
+        A dict of floats:
+        ``cosine``: mean cos(swapped_i, exact_i);
+        ``control``: mean cos(swapped_i, exact_j) over j ≠ i — what ``cosine`` is worth with the wrong text;
+        ``centred_cosine``: ``cosine`` after each set is centred on its own mean embedding, so that a
+        direction shared by every text (a collapsed model) earns nothing;
+        ``identification``: share of texts whose swapped embedding is closest to its own exact one.
+    """
+    swapped, exact = np.asarray(swapped, np.float64), np.asarray(exact, np.float64)
+    if swapped.shape != exact.shape or swapped.ndim != 2 or len(swapped) < 2:
+        raise ValueError(f"swapped and exact must both be (t, d_model) with t ≥ 2, got {swapped.shape} and "
+                         f"{exact.shape}.")
+    t = len(exact)
+    cross = swapped @ exact.T  # (t, t): cos(swapped_i, exact_j) for unit rows
+    centred = [x - x.mean(axis=0) for x in (swapped, exact)]
+    centred = [x / np.linalg.norm(x, axis=1, keepdims=True) for x in centred]
+    return {"cosine": float(np.trace(cross) / t),
+            "control": float((cross.sum() - np.trace(cross)) / (t * (t - 1))),
+            "centred_cosine": float(np.einsum("td,td->t", *centred).mean()),
+            "identification": retrieval_top1(swapped, exact)}
+
+
 def swap_in_settings(n, d, *, ks=(32, 64, 128), ms=(64, 256), seed=0):
     """The variants and settings of notebook 09's table: ``[(variant, setting, kernel), ...]``.
 

@@ -84,6 +84,41 @@ def english_passages(n_passages, min_tokens=512, tokenizer=None):
     return list(passages[:n_passages])
 
 
+HELDOUT_PASSAGES = 48  # the last 48 passages of each length are held out: no lesson or tool trains on them
+
+
+def passage_split(n_train, n_heldout, min_tokens=256, tokenizer=None):
+    """Training passages from the start of the corpus and held-out passages from its end. Notebooks 04, 09, 10.
+
+    Every lesson and tool that fits something to MiniLM (learned E, F; learned feature maps)
+    trains on the first split and reports on the second, so a result is never measured on the
+    text it was fitted to.  The held-out passages are the last ``HELDOUT_PASSAGES`` passages of
+    ``english_passages(…, min_tokens)`` — other help topics than the training ones — and the
+    same ``n_heldout`` always gives the same passages.
+
+    Args:
+        n_train: training passages (0 to all but the held-out ones).
+        n_heldout: held-out passages (1 to ``HELDOUT_PASSAGES``).
+        min_tokens: the least number of tokens per passage (2 to 512).
+        tokenizer: as for ``english_passages``.
+
+    Returns:
+        ``(train, heldout)``: two lists of strings with no passage in common.
+    """
+    if tokenizer is None:
+        from course_lib.pretrained import load_tokenizer
+
+        tokenizer = _default_tokenizer(load_tokenizer)
+    passages = _passages(min_tokens, tokenizer)
+    free = len(passages) - HELDOUT_PASSAGES
+    if not 1 <= n_heldout <= HELDOUT_PASSAGES:
+        raise ValueError(f"n_heldout must be between 1 and {HELDOUT_PASSAGES}, got {n_heldout}.")
+    if not 0 <= n_train <= free:
+        raise ValueError(f"n_train must be between 0 and {free} (the passages of at least {min_tokens} tokens "
+                         f"that are not held out), got {n_train}.")
+    return list(passages[:n_train]), list(passages[free:free + n_heldout])
+
+
 _TOKENIZERS = {}
 
 

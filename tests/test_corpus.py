@@ -52,3 +52,20 @@ def test_shorter_passages_are_more_numerous(tokenizer):
 def test_bad_arguments_raise(kwargs, match):
     with pytest.raises(ValueError, match=match):
         tasks.english_passages(**kwargs)
+
+
+def test_passage_split_never_overlaps(tokenizer):
+    train, heldout = tasks.passage_split(150, 48, min_tokens=256, tokenizer=tokenizer)
+    assert len(train) == 150 and len(heldout) == 48 and not set(train) & set(heldout)
+    # the held-out passages are the corpus's last ones, whatever n_train asks for
+    assert tasks.passage_split(3, 5, min_tokens=256, tokenizer=tokenizer)[1] == heldout[:5]
+    everything = tasks.english_passages(len(tasks._passages(256, tokenizer)), min_tokens=256, tokenizer=tokenizer)
+    assert heldout == everything[-tasks.HELDOUT_PASSAGES:]
+
+
+def test_passage_split_refuses_to_train_on_heldout(tokenizer):
+    total = len(tasks._passages(256, tokenizer))
+    with pytest.raises(ValueError, match="n_train"):
+        tasks.passage_split(total - tasks.HELDOUT_PASSAGES + 1, 1, min_tokens=256, tokenizer=tokenizer)
+    with pytest.raises(ValueError, match="n_heldout"):
+        tasks.passage_split(1, tasks.HELDOUT_PASSAGES + 1, min_tokens=256, tokenizer=tokenizer)

@@ -94,3 +94,37 @@ def test_settings_cover_every_variant():
     names = {row[0] for row in swap_in.swap_in_settings(32, 8, ks=(4,), ms=(8,))}
     assert names == {"Linformer, SVD-optimal (oracle)", "Linformer, mean pooling E = F", "Linformer, Gaussian E, F",
                      "linear, elu+1", "FAVOR+"}
+
+
+def _unit(x):
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def test_embedding_scores_of_the_exact_model_and_of_a_collapse():
+    rng = np.random.default_rng(0)
+    exact = _unit(rng.normal(size=(6, 16)))
+    scores = swap_in.embedding_scores(exact, exact)
+    assert scores["cosine"] == pytest.approx(1) and scores["centred_cosine"] == pytest.approx(1)
+    assert scores["identification"] == 1
+    # every text collapsed onto one common direction plus a little noise: a high raw cosine to
+    # the exact mean direction, but the centred cosine and identification see through it
+    common = _unit(exact.mean(axis=0, keepdims=True))
+    collapsed = _unit(common + 0.05 * rng.normal(size=(6, 16)))
+    scores = swap_in.embedding_scores(collapsed, exact)
+    assert scores["cosine"] == pytest.approx(scores["control"], abs=0.1)
+    assert abs(scores["centred_cosine"]) < 0.5 and scores["identification"] < 0.5
+
+
+def test_retrieval_top1_counts_own_documents():
+    docs = np.eye(4)
+    assert swap_in.retrieval_top1(docs, docs) == 1.0
+    assert swap_in.retrieval_top1(docs[[1, 0, 2, 3]], docs) == 0.5
+    with pytest.raises(ValueError, match="queries and documents"):
+        swap_in.retrieval_top1(docs, docs[:3])
+
+
+def test_split_halves():
+    first, second = swap_in.split_halves(["one two three four five", "a b"])
+    assert first == ["one two", "a"] and second == ["three four five", "b"]
+    with pytest.raises(ValueError, match="two words"):
+        swap_in.split_halves(["lonely"])
