@@ -3,7 +3,7 @@ with its own hint — so a learner's classic slip is named, not just flagged."""
 
 import pytest
 
-from course_lib.checks import FAILED, NOT_ATTEMPTED, PASSED, all_exercises
+from course_lib.checks import FAILED, NONFINITE_HINT, NOT_ATTEMPTED, PASSED, all_exercises
 
 EXERCISES = all_exercises()
 
@@ -65,4 +65,80 @@ def test_a_wrong_answer_without_a_known_mistake_shows_expected_and_got(capsys):
     result = exercise(off)
     text = capsys.readouterr().out
     assert result.status == FAILED and result.mistake is None
-    assert "output: expected shape" in text and "got" in text and "max |difference| 1" in text
+    assert "output (shape (5, 3)): largest difference at index" in text and "(|difference| 1)" in text
+    assert "15 of 15 entries differ" in text
+
+
+def _poison(result, value):
+    """``result`` with its first floating-point entry replaced by ``value`` (NaN or inf); None if it has none."""
+    import numpy as np
+    import torch
+
+    if isinstance(result, (tuple, list)):
+        for i, item in enumerate(result):
+            poisoned = _poison(item, value)
+            if poisoned is not None:
+                return type(result)([*result[:i], poisoned, *result[i + 1:]])
+        return None
+    if isinstance(result, torch.Tensor) and result.is_floating_point() and result.numel():
+        out = result.detach().clone()
+        out.view(-1)[-1] = value
+        return out
+    if isinstance(result, np.ndarray) and np.issubdtype(result.dtype, np.floating) and result.size:
+        out = result.copy()
+        out.reshape(-1)[-1] = value
+        return out
+    if isinstance(result, float):
+        return value
+    return None
+
+
+def _poisoned(exercise, value):
+    def candidate(*args, **kwargs):
+        return _poison(exercise.reference(*args, **kwargs), value)
+    return candidate
+
+
+def _first_result(exercise):
+    description, args, kwargs = exercise.cases()[0]
+    return exercise.reference(*args, **kwargs)
+
+
+FLOAT_EXERCISES = [e for e in EXERCISES if _poison(_first_result(e), float("nan")) is not None]
+
+
+def test_nearly_every_exercise_returns_floats():
+    # The NaN checks below cover every exercise whose result holds a float; the others return
+    # integers, booleans, strings or modules, which cannot hold a NaN.
+    assert len(FLOAT_EXERCISES) >= len(EXERCISES) - 6, [e.number for e in EXERCISES if e not in FLOAT_EXERCISES]
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
+@pytest.mark.parametrize("exercise", FLOAT_EXERCISES, ids=lambda e: e.number)
+def test_a_non_finite_answer_is_named_first(exercise, value, capsys):
+    # A learner's overflow: one entry NaN (or inf) where the library's result is finite.  The
+    # message must say so and give the overflow hint, never "|difference| 0".
+    result = exercise(_poisoned(exercise, value))
+    text = capsys.readouterr().out
+    assert result.status == FAILED, f"{exercise.number}: a {value} entry passed the check"
+    kind = "NaN" if value != value else "inf"
+    assert f"1 {kind} value(s) where the library's are finite" in text, text
+    assert NONFINITE_HINT in text or result.mistake is not None, text
+    assert "|difference| 0)" not in text, text
+
+
+def test_an_unbatched_answer_gets_the_batched_hint(capsys):
+    import numpy as np
+
+    exercise = next(e for e in EXERCISES if e.number == "1.1")
+
+    def unbatched(q, k, v, causal=False):  # k.T reverses every axis: right for 2-D inputs only
+        scores = q @ k.T / np.sqrt(q.shape[-1])
+        if causal:
+            scores = np.where(np.tril(np.ones(scores.shape[-2:], bool)), scores, -np.inf)
+        weights = np.exp(scores - scores.max(-1, keepdims=True))
+        weights = weights / weights.sum(-1, keepdims=True)
+        return weights, weights @ v
+
+    result = exercise(unbatched)
+    assert result.status == FAILED and "works without leading dimensions" in capsys.readouterr().out

@@ -74,9 +74,53 @@ def _describe(x):
     x = to_numpy(x)
     if x.ndim == 0:
         return f"{x.item():.6g}"
-    flat = x.reshape(-1)
-    head = np.array2string(flat[:4], precision=4, separator=", ")
+    head = np.array2string(x.reshape(-1)[:4], precision=4, separator=", ")
     return f"shape {x.shape}, first values {head}"
+
+
+def _index(flat_index, shape):
+    return tuple(int(i) for i in np.unravel_index(flat_index, shape)) if shape else ()
+
+
+def _nonfinite(got, expected):
+    """Where ``got`` is NaN or ±inf but ``expected`` is finite: ``(count NaN, count inf, first index)``."""
+    if not (np.issubdtype(got.dtype, np.number) and np.issubdtype(expected.dtype, np.number)):
+        return 0, 0, None
+    bad = ~np.isfinite(got) & np.isfinite(expected)
+    if not bad.any():
+        return 0, 0, None
+    n_nan = int(np.count_nonzero(bad & np.isnan(got)))
+    first = _index(np.flatnonzero(bad)[0], got.shape)
+    return n_nan, int(np.count_nonzero(bad)) - n_nan, first
+
+
+def _difference(name, g, e, atol, rtol):
+    """One result that is not close: what differs, how much and where (never a bare "max |difference| 0")."""
+    pad = " " * len(name)
+    n_nan, n_inf, first = _nonfinite(g, e)
+    if first is not None:
+        what = " and ".join(f"{count} {kind}" for count, kind in ((n_nan, "NaN"), (n_inf, "inf")) if count)
+        at = f" at index {first}" if first else ""
+        return (f"  {name}: {what} value(s) where the library's are finite (the first{at}: "
+                f"expected {e[first]:.6g}, got {g[first]})")
+    if not (np.issubdtype(g.dtype, np.number) and np.issubdtype(e.dtype, np.number)):
+        return f"  {name}: expected {_describe(e)}\n  {pad}  got      {_describe(g)}"
+    with np.errstate(invalid="ignore"):
+        gap = np.abs(g.astype(float) - e.astype(float))  # NaN where one side is NaN or both are inf
+    gap = np.where(np.isnan(gap) & ~(np.isnan(g) & np.isnan(e)), np.inf, gap)  # a NaN the library lacks: inf
+    gap = np.nan_to_num(gap, nan=0.0)  # NaN on both sides agrees
+    if g.ndim == 0:
+        return f"  {name}: expected {e.item():.6g}, got {g.item():.6g} (|difference| {gap.item():.3g})"
+    where = _index(int(np.argmax(gap)), g.shape)
+    far = int(np.count_nonzero(~np.isclose(g, e, atol=atol, rtol=rtol, equal_nan=True)))
+    return (f"  {name} (shape {g.shape}): largest difference at index {where}: expected {e[where]:.6g}, "
+            f"got {g[where]:.6g} (|difference| {gap[where]:.3g}); {far} of {g.size} entries differ beyond the "
+            "tolerance")
+
+
+def _unbatched_only(got, expected):
+    """True when ``got`` has the shape of one slice of ``expected``: leading (batch, head) dims were dropped."""
+    return 0 < got.ndim < expected.ndim and got.shape == expected.shape[expected.ndim - got.ndim:]
 
 
 def _explain(names, got, expected, atol, rtol):
@@ -88,11 +132,33 @@ def _explain(names, got, expected, atol, rtol):
         g, e = to_numpy(g), to_numpy(e)
         if g.shape != e.shape:
             lines.append(f"  {name}: expected shape {e.shape}, got shape {g.shape}")
-        elif not np.allclose(g, e, atol=atol, rtol=rtol):
-            err = np.nanmax(np.abs(g.astype(float) - e.astype(float))) if g.size else float("nan")
-            lines.append(f"  {name}: expected {_describe(e)}\n  {' ' * len(name)}  got      {_describe(g)}"
-                         f"  (max |difference| {err:.3g})")
+        elif not np.allclose(g, e, atol=atol, rtol=rtol, equal_nan=True):
+            lines.append(_difference(name, g, e, atol, rtol))
     return "\n".join(lines)
+
+
+NONFINITE_HINT = ("your result has NaN or inf where the library's is finite: exp overflows above about 709.8 in "
+                  "float64 (88.7 in float32) — subtract each row's maximum before exp — or a sum you divide by is 0.")
+BATCHED_HINT = ("your function works without leading dimensions but not with them: write it for (..., n, d) — "
+                "transpose the last two axes (np.swapaxes(x, -1, -2) or x.transpose(-1, -2), not x.T), sum over "
+                "axis=-1, and use '...' in einsum strings.")
+
+
+def _ndim(args):
+    """The largest number of dimensions among the array arguments of a case (0 when there are none)."""
+    arrays = [to_numpy(a) for a in args if hasattr(a, "shape") and hasattr(a, "ndim")]
+    return max((a.ndim for a in arrays), default=0)
+
+
+def _generic_hint(got, expected, args, passed_ndim):
+    """A hint for a failure that no modelled mistake explains: non-finite values, or a batched case only."""
+    got, expected = _as_tuple(got), _as_tuple(expected)
+    pairs = [(to_numpy(g), to_numpy(e)) for g, e in zip(got, expected, strict=False)]
+    if any(_nonfinite(g, e)[2] is not None for g, e in pairs):
+        return NONFINITE_HINT
+    if passed_ndim and _ndim(args) > passed_ndim or any(_unbatched_only(g, e) for g, e in pairs):
+        return BATCHED_HINT
+    return None
 
 
 def run_check(exercise, candidate, reference, cases, *, names=("result",), mistakes=(),
@@ -112,25 +178,30 @@ def run_check(exercise, candidate, reference, cases, *, names=("result",), mista
     Returns:
         A ``CheckResult``.
     """
-    result = None
+    result, passed_ndim = None, 0
     for description, args, kwargs in cases:
         expected = reference(*copy.deepcopy(args), **copy.deepcopy(kwargs))
         try:
-            got = candidate(*copy.deepcopy(args), **copy.deepcopy(kwargs))
+            with np.errstate(all="ignore"):  # overflow is reported below, not as a warning mid-check
+                got = candidate(*copy.deepcopy(args), **copy.deepcopy(kwargs))
         except NotImplementedError:
             result = CheckResult(exercise, NOT_ATTEMPTED, "  the function still raises NotImplementedError: "
                                  "replace the stub with your code, then run this cell again.")
             break
         except Exception as exc:  # a learner's bug: report it, keep the notebook running
-            result = CheckResult(exercise, FAILED, f"  case '{description}' raised "
-                                 f"{type(exc).__name__}: {exc}")
+            message = f"  case '{description}' raised {type(exc).__name__}: {exc}"
+            if passed_ndim and _ndim(args) > passed_ndim:
+                message += f"\n  hint: {BATCHED_HINT}"
+            result = CheckResult(exercise, FAILED, message)
             break
         if _same(got, expected, atol, rtol):
+            passed_ndim = max(passed_ndim, _ndim(args))
             continue
         message = f"  case '{description}' differs from the library:\n" + _explain(names, got, expected, atol, rtol)
         mistake = _match_mistake(mistakes, got, args, kwargs, atol, rtol)
-        if mistake is not None:
-            message += f"\n  hint: {mistake.hint}"
+        hint = mistake.hint if mistake is not None else _generic_hint(got, expected, args, passed_ndim)
+        if hint is not None:
+            message += f"\n  hint: {hint}"
         result = CheckResult(exercise, FAILED, message, mistake.name if mistake else None)
         break
     if result is None:
