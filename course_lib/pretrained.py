@@ -117,15 +117,22 @@ class MiniLM(nn.Module):
     def device(self):
         return self.embeddings.word_embeddings.weight.device
 
-    def with_attention(self, attention):
-        """A copy of this model (same weights) with ``attention`` in every layer. Notebook 02, Section 2.3."""
+    def with_attention(self, attention, *, layers=None):
+        """A copy of this model (same weights) with ``attention`` in every layer. Notebook 02, Section 2.3.
+
+        ``layers``: 0-based indices of the layers that get ``attention`` (default: all); the others
+        keep their kernel, so one layer at a time can be swapped (notebook 09, Section 9.4).
+        """
         if not callable(attention):
             raise TypeError(f"attention must be a function like softmax_attention(q, k, v, *, causal, key_mask), "
                             f"got {type(attention).__name__}.")
+        chosen = range(len(self.layers)) if layers is None else list(layers)
+        if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(self.layers) for i in chosen):
+            raise ValueError(f"layers must be indices from 0 to {len(self.layers) - 1}, got {layers!r}.")
         other = copy.deepcopy(self)
-        other.attention_fn = attention
-        for layer in other.layers:
-            layer.attention.attention = attention
+        other.attention_fn = attention if layers is None else None  # None: the layers differ
+        for i in chosen:
+            other.layers[i].attention.attention = attention
         return other
 
     def tokenize(self, texts, *, max_length=None, truncate=False):

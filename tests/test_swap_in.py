@@ -128,3 +128,18 @@ def test_split_halves():
     assert first == ["one two", "a"] and second == ["three four five", "b"]
     with pytest.raises(ValueError, match="two words"):
         swap_in.split_halves(["lonely"])
+
+
+def test_with_attention_swaps_only_the_chosen_layers(model):
+    calls = []
+
+    def counting(q, k, v, *, causal=False, key_mask=None):
+        calls.append(1)
+        return softmax_attention(q, k, v, causal=causal, key_mask=key_mask)
+
+    swapped = model.with_attention(counting, layers=[2])
+    swap_in.embeddings(swapped, TEXTS[:1], max_length=16)
+    assert len(calls) == 1  # one layer ran the new kernel, the other five their own
+    assert model.layers[2].attention.attention is not counting  # the original is untouched
+    with pytest.raises(ValueError, match="layers must be indices"):
+        model.with_attention(counting, layers=[6])
