@@ -10,6 +10,7 @@ import contextlib
 import csv
 import io
 import json
+import re
 import signal
 import subprocess
 
@@ -60,7 +61,7 @@ def test_progress_line_per_case(grid):
     assert [line.split(" … ")[0] for line in lines] == [
         "[1/5] exact n=1024", "[2/5] sdpa n=1024", "[3/5] linformer n=1024 k=32", "[4/5] linear n=1024",
         "[5/5] performer n=1024 m=16"]
-    assert all(line.endswith("iB") for line in lines), lines  # "… 14.9 ms, 4.2 MiB"
+    assert all(re.search(r"iB \(\d+\.\d s\)$", line) for line in lines), lines  # "… 14.9 ms, 4.2 MiB (3.1 s)"
 
 
 def test_exact_attention_holds_the_n_by_n_weights_and_the_others_do_not(grid):
@@ -296,3 +297,112 @@ def test_cuda_generation_and_new_variants_run():
         assert row["status"] == "ok", row["message"]
     rows = generation.run(64, h=2, d=16, device="cuda", repeats=1, warmup=1, count=3)
     assert all(r["time_median_s"] > 0 for r in rows)
+
+
+# --- presets: every stored grid is one command ------------------------------------------------
+
+def test_grid_preset_holds_every_variant_the_lessons_compare_in_one_setting():
+    from course_lib.bench import presets
+
+    cases = presets.cases(presets.GRID)
+    assert {(c.b, c.h, c.d, c.dtype, c.device, c.threads) for c in cases} == {(1, 8, 64, "float32", "cpu", 0)}
+    assert {c.variant for c in cases} <= set(bench.VARIANTS)
+    largest = {}
+    for c in cases:
+        largest[c.variant, c.mode] = max(largest.get((c.variant, c.mode), 0), c.n)
+    for variant in ("sdpa", "linformer", "linear", "performer", "causal_sdpa", "causal_linear_chunked",
+                    "causal_performer_chunked"):  # lessons 06, 08, 09: every n, both modes
+        assert largest[variant, "forward"] == largest[variant, "forward+backward"] == 16384, variant
+    assert largest["exact", "forward"] == 8192 and largest["causal_linear", "forward"] == 16384
+    assert {c.k for c in cases if c.variant == "linformer" and c.n != 512} == {128}
+    assert {c.m for c in cases if "performer" in c.variant and c.n != 512} == {256}
+    # At n = 512, the cost axis of lesson 09's error against cost: k and m swept (forward).
+    assert {c.k for c in cases if c.variant == "linformer" and c.n == 512 and c.mode == "forward"} == {
+        32, 64, 128, 256}
+    assert {c.m for c in cases if c.variant == "performer" and c.n == 512 and c.mode == "forward"} == {
+        32, 64, 128, 256, 512}
+    assert {c.n for c in cases} == {256 * 2**i for i in range(7)}
+    # Forward first, n ascending: a run cut short holds every variant at the small n.
+    order = [(bench.MODES.index(c.mode), c.n) for c in cases]
+    assert order == sorted(order)
+    assert len({presets.key(c) for c in cases}) == len(cases)
+
+
+def test_linformer_preset_is_the_command_of_lesson_04s_stored_grid():
+    from course_lib import data_path
+    from course_lib.bench import presets
+
+    stored = bench.read_csv(data_path("bench_linformer_cpu.csv"))
+    assert sorted(presets.key(c) for c in presets.cases(presets.LINFORMER)) == sorted(map(presets.key, stored))
+    assert {(r["repeats"], r["warmup"]) for r in stored} == {(presets.LINFORMER.repeats, presets.LINFORMER.warmup)}
+
+
+@pytest.fixture
+def tiny_preset(monkeypatch):
+    from course_lib.bench import presets
+
+    tiny = presets.Preset(about="two variants, two n", csv="unused.csv", budget=0.5, min_repeats=2, repeats=4,
+                          warmup=1, setting=dict(b=1, h=2, d=16, dtype="float32", device="cpu", threads=1),
+                          parts=(presets.Part(("linear", "sdpa"), (64, 128)),
+                                 presets.Part(("linear",), (64,), "forward+backward")))
+    monkeypatch.setitem(presets.PRESETS, "tiny", tiny)
+    return tiny
+
+
+def test_preset_command_writes_its_grid_and_resumes(tiny_preset, tmp_path):
+    csv_path = tmp_path / "grid.csv"
+    argv = ["--preset", "tiny", "--csv", str(csv_path), "--no-plot", "--note", "provisional: test"]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        assert bench.main(argv) == 0
+    rows = bench.read_csv(csv_path)
+    assert [(r["variant"], r["mode"], r["n"]) for r in rows] == [
+        ("linear", "forward", 64), ("sdpa", "forward", 64), ("linear", "forward", 128), ("sdpa", "forward", 128),
+        ("linear", "forward+backward", 64)]
+    for r in rows:
+        assert r["status"] == "ok" and r["threads"] == 1 and r["note"] == "provisional: test"
+        assert 2 <= r["repeats"] <= 4 and 0 < r["time_min_s"] <= r["time_median_s"] and r["case_s"] > 0
+    assert "5 cases in" in err.getvalue()
+    # --resume keeps every measured case: nothing runs again, the file is the same.
+    before = csv_path.read_text()
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        assert bench.main(argv + ["--resume"]) == 0
+    assert csv_path.read_text() == before and "[1/5]" not in err.getvalue()
+
+
+def test_preset_refuses_the_options_it_fixes(tiny_preset, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--preset", "tiny", "--n", "256", "--h", "4"])
+    assert exit_.value.code == 2
+    assert "--preset tiny fixes the grid; leave out --n --h" in capsys.readouterr().err
+
+
+def test_budget_gives_slow_cases_fewer_timed_calls_never_fewer_than_the_minimum():
+    assert measure.repeats_within(0, 5.0, 20, 5) == 20  # no budget: always the preset's count
+    assert measure.repeats_within(10, 0.1, 20, 5) == 20
+    assert measure.repeats_within(10, 1.0, 20, 5) == 10
+    assert measure.repeats_within(10, 6.0, 20, 5) == 5
+    assert measure.repeats_within(10, 6.0, 3, 5) == 3  # never more than asked for
+    calls = iter([2.0, 1.5, 1.5])  # a slow call: two warm-up calls, the second predicts the timed ones
+
+    def fake_timed(step, device, repeats):
+        return [next(calls)]
+    original = measure.timed
+    measure.timed = fake_timed
+    try:
+        assert measure.warm_up(None, "cpu", 3, slow=1.0) == (2, 1.5)
+    finally:
+        measure.timed = original
+    row = bench.run_case(bench.Case("linear", 64, **{**SMALL, "repeats": 7}), budget=1e-9, min_repeats=2)
+    assert row["repeats"] == 2 and row["status"] == "ok"
+
+
+def test_help_lists_the_presets_and_their_files(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--help"])
+    text = capsys.readouterr().out
+    for expected in ("--preset", "--budget", "--resume", "--note", "grid ", "course_lib/data/bench_grid_cpu.csv",
+                     "linformer ", "course_lib/data/bench_linformer_cpu.csv",
+                     "python -m course_lib.bench --preset grid"):
+        assert expected in text, expected

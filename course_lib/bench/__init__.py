@@ -1,10 +1,13 @@
 """Time and peak memory of attention variants versus n, k and m, each case in isolation.
 
-Implements the measurements of notebooks 04, 07 and 09 and the command ``course-bench``
+Implements the measurements of notebooks 04, 06, 07, 08 and 09 and the command ``course-bench``
 (``python -m course_lib.bench --help``).  One concern per file:
 
 - ``variants.py``: the variants (how each is called), their FLOP counts, ``Case`` and the grid;
 - ``measure.py``: how one case is measured: time, peak memory, one subprocess per case;
+- ``presets.py``: the named grids, each stored grid one command (``--preset grid``, ``--preset linformer``);
+- ``stored.py``: the stored grids read back: ``load``, ``series``, ``crossover`` (an interval),
+  ``loglog_slope``;
 - ``generation.py``: cost per generated token versus position (RNN step, softmax with and
   without a key/value cache);
 - ``output.py``: what a run leaves behind: the CSV, the text report and the self-contained plotly
@@ -14,6 +17,7 @@ Implements the measurements of notebooks 04, 07 and 09 and the command ``course-
 Every name below can be imported from ``course_lib.bench`` itself.
 """
 
+from course_lib.bench import presets, stored
 from course_lib.bench.cli import main, parse_args
 from course_lib.bench.measure import (
     clear_refs_available,
@@ -56,6 +60,6 @@ __all__ = [
     "COLUMNS", "DTYPES", "MODES", "VARIANTS", "Case", "Variant", "chunked_flops", "clear_refs_available",
     "exact_flops", "failed_row", "format_bytes", "format_time", "hardware", "is_out_of_memory", "linear_flops",
     "linformer_flops", "main", "make_cases", "matmul_rate", "matmul_size", "parse_args", "peak_memory",
-    "performer_flops", "problem", "read_csv", "report", "rss_resolution", "run_case", "run_isolated", "savings",
-    "total_flops", "write_csv",
+    "performer_flops", "presets", "problem", "read_csv", "report", "rss_resolution", "run_case", "run_isolated",
+    "savings", "stored", "total_flops", "write_csv",
 ]

@@ -5,7 +5,11 @@ and thread pools never colour the next.  Inside the subprocess (``run_case``):
 
 1. the inputs are created (they are not counted);
 2. ``warmup`` untimed calls (first-call costs: thread pools, kernel selection, page faults);
-3. ``repeats`` timed calls: the median (and the minimum) wall time is reported;
+   with a time budget (below), two only when the second took over ``SLOW`` seconds: the
+   first-call costs are then within the noise of the call;
+3. ``repeats`` timed calls: the median and the minimum wall time are reported.  With a time
+   ``budget`` a slow case gets fewer: as many as fit in ``budget`` seconds at the last warm-up
+   call's time, never fewer than ``min_repeats`` (the ``repeats`` column says how many ran);
 4. a plain square matmul with the same FLOP count is timed, as the machine's reference rate;
 5. one last call whose **peak memory** is measured relative to the memory in use just before it.
 
@@ -182,8 +186,37 @@ def _step(case, fn, leaves, grad_out):
     return call
 
 
-def run_case(case):
-    """Measure ``case`` in this process; return one result row (a dict). Raises ``ValueError`` if impossible."""
+SLOW = 1.0  # seconds: a call this long is warmed up twice at most (its first-call costs are within its noise)
+
+
+def warm_up(step, device, calls, slow=None):
+    """Up to ``calls`` untimed calls; ``(calls made, last call's seconds)``.
+
+    With ``slow``, the warm-up ends after a call that took over ``slow`` seconds, but never at the
+    first call: first calls carry one-off costs (up to a second here), so the second call is the
+    one that predicts the timed ones.
+    """
+    seconds = []
+    for _ in range(calls):
+        seconds += timed(step, device, 1)
+        if slow is not None and len(seconds) > 1 and seconds[-1] > slow:
+            break
+    return len(seconds), (seconds[-1] if seconds else None)
+
+
+def repeats_within(budget, seconds, repeats, min_repeats):
+    """Timed calls for a case whose call takes ``seconds``: ``repeats``, or fewer if they exceed ``budget`` s."""
+    if not budget or not seconds:
+        return repeats
+    return max(min(repeats, min_repeats), min(repeats, int(budget / seconds)))
+
+
+def run_case(case, budget=0.0, min_repeats=5):
+    """Measure ``case`` in this process; return one result row (a dict). Raises ``ValueError`` if impossible.
+
+    ``budget``: seconds of timed calls at most (0: always ``case.repeats``), but never fewer than
+    ``min_repeats`` calls.
+    """
     reason = problem(case)
     if reason:
         raise ValueError(reason)
@@ -203,16 +236,20 @@ def run_case(case):
     first = not (clear_refs_available() or device.startswith("cuda"))
     if first:  # lifetime-peak fallback: measure before the warm-up raises the peak
         peak, method = peak_memory(step, device)
-    timed(step, device, case.warmup)
-    times = timed(step, device, case.repeats)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    warmup, last = warm_up(step, device, case.warmup, slow=SLOW if budget else None)
+    repeats = repeats_within(budget, last, case.repeats, min_repeats)
+    times = timed(step, device, repeats)
     flops = total_flops(case)
     median = statistics.median(times)
-    side, reference = matmul_rate(flops, dtype, device, case.repeats)
+    # Under a budget the reference matmul (up to 0.5 s a call at N = 4096) is timed min_repeats times.
+    side, reference = matmul_rate(flops, dtype, device, min(repeats, min_repeats) if budget else repeats)
     if not first:
         for leaf in leaves:
             leaf.grad = None  # last step's gradients would be freed inside the measured call
         peak, method = peak_memory(step, device)
-    return {**dataclasses.asdict(case), "threads": torch.get_num_threads(), "time_median_s": median,
+    return {**dataclasses.asdict(case), "threads": torch.get_num_threads(), "repeats": repeats, "warmup": warmup,
+            "load_1min": load, "time_median_s": median,
             "time_min_s": min(times), "peak_bytes": peak, "memory_method": method, "flops": flops,
             "gflops": flops / median / 1e9, "matmul_n": side, "matmul_gflops": reference,
             "matmul_fraction": flops / median / 1e9 / reference, "status": "ok", "message": ""}
@@ -231,10 +268,15 @@ def failed_row(case, status, message):
 
 
 def worker(case_json):
-    """The subprocess side: measure one JSON case; its row (or why it failed) on one ``RESULT`` line."""
-    case = Case(**json.loads(case_json))
+    """The subprocess side: measure one JSON case; its row (or why it failed) on one ``RESULT`` line.
+
+    The JSON holds the ``Case``'s fields and optionally ``budget`` and ``min_repeats`` (``run_case``).
+    """
+    fields = json.loads(case_json)
+    method = {name: fields.pop(name) for name in ("budget", "min_repeats") if name in fields}
+    case = Case(**fields)
     try:
-        row = run_case(case)
+        row = run_case(case, **method)
     except Exception as exc:  # one line back to the driver, never a traceback in the report
         if is_out_of_memory(exc):
             row = failed_row(case, "oom", f"out of memory at n = {case.n}")
@@ -260,8 +302,11 @@ def hardware(device="cpu"):
 
 # --- isolation: one subprocess per case --------------------------------------------------------
 
-def run_isolated(case, timeout=600):
-    """Run ``case`` in a fresh Python subprocess; return its row (``status`` and ``message`` say if it failed)."""
+def run_isolated(case, timeout=600, budget=0.0, min_repeats=5):
+    """Run ``case`` in a fresh Python subprocess; return its row (``status`` and ``message`` say if it failed).
+
+    ``budget`` and ``min_repeats``: how many timed calls a slow case gets (``run_case``).
+    """
     reason = problem(case)
     if reason:
         return failed_row(case, "error", reason)
@@ -269,7 +314,8 @@ def run_isolated(case, timeout=600):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
     if case.threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(case.threads)
-    command = [sys.executable, "-m", "course_lib.bench", "--worker", json.dumps(dataclasses.asdict(case))]
+    fields = {**dataclasses.asdict(case), **({"budget": budget, "min_repeats": min_repeats} if budget else {})}
+    command = [sys.executable, "-m", "course_lib.bench", "--worker", json.dumps(fields)]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:

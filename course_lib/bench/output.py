@@ -2,8 +2,13 @@
 
 The CSV has one row per case with the columns ``COLUMNS`` (``read_csv`` reads it back, numbers
 as numbers); a failed case keeps its sizes, ``status`` ("oom", "timeout", "error") and a
-one-line ``message``.  The HTML embeds plotly.js (``include_plotlyjs=True``), so it opens with no
-network: time and peak memory versus n, log-log, one line per variant (and per k or m).
+one-line ``message``.  ``repeats`` and ``warmup`` are the calls actually made; ``load_1min`` is
+the machine's 1-minute load average when the case began (on a quiet machine about the number of
+threads: the previous case's own), ``case_s`` the wall time of the case's whole process, and
+``note`` what the command's ``--note`` said about the run (e.g. that it is provisional).
+
+The HTML embeds plotly.js (``include_plotlyjs=True``), so it opens with no network: time and
+peak memory versus n, log-log, one line per variant (and per k or m, and per mode).
 """
 
 import csv
@@ -11,7 +16,7 @@ import pathlib
 
 COLUMNS = ["variant", "mode", "device", "dtype", "b", "h", "n", "d", "k", "m", "chunk", "threads", "repeats",
            "warmup", "time_median_s", "time_min_s", "peak_bytes", "memory_method", "flops", "gflops", "matmul_n",
-           "matmul_gflops", "matmul_fraction", "status", "message", "hardware"]
+           "matmul_gflops", "matmul_fraction", "status", "message", "hardware", "load_1min", "case_s", "note"]
 
 
 def write_csv(rows, path, columns=COLUMNS):
@@ -89,7 +94,18 @@ def ratios(rows, baseline):
 
 
 def report(rows):
-    """Lines for the terminal: each case, then every variant's savings over exact attention and SDPA."""
+    """Lines for the terminal: each case, then every variant's savings over exact attention and SDPA.
+
+    Rows of several modes (a preset) are reported mode by mode.
+    """
+    modes = list(dict.fromkeys(r.get("mode", "forward") for r in rows))
+    if len(modes) > 1:
+        return [line for mode in modes
+                for line in [f"{mode}:", *_report([r for r in rows if r.get("mode", "forward") == mode])]]
+    return _report(rows)
+
+
+def _report(rows):
     lines = [f"{'variant':>21} {'n':>6} {'k':>5} {'m':>5} {'time':>9} {'peak memory':>11} {'GFLOP/s':>8} "
              f"{'matmul':>7} {'fraction':>8}"]
     for r in rows:
@@ -122,8 +138,9 @@ def figure(rows, title="Time and peak memory versus n"):
     fig = make_subplots(rows=1, cols=2, subplot_titles=("median time (s)", "peak memory (MiB)"))
     groups = {}
     for row in rows:
-        if row.get("status") == "ok":
-            groups.setdefault(label(row, n=False), []).append(row)
+        if row.get("status") == "ok":  # forward+backward rows beside forward ones (a preset) are named so
+            mode = "" if row.get("mode", "forward") == "forward" else f" ({row['mode']})"
+            groups.setdefault(label(row, n=False) + mode, []).append(row)
     for i, (name, group) in enumerate(sorted(groups.items())):
         group = sorted(group, key=lambda r: r["n"])
         for col, y in ((1, [r["time_median_s"] for r in group]), (2, [r["peak_bytes"] / 2**20 for r in group])):

@@ -1,0 +1,139 @@
+"""Named grids: every stored timing grid is one ``python -m course_lib.bench --preset NAME`` command.
+
+A ``Preset`` is a list of ``Part``s (variants × lengths in one mode) under one setting (b, h, d,
+dtype, threads) and one method (warm-up, timed calls, time budget), and the CSV it writes.  The
+stored CSVs in ``course_lib/data/`` are read back by ``course_lib.bench.stored``.
+
+``grid``: the one grid lessons 06, 08 and 09 share.  Every variant the lessons compare, forward
+(inference) and forward+backward (training), b = 1, h = 8, d = e = 64, float32, CPU with torch's
+default threads, n = 256 … 16,384 by powers of two.  Where a form stops short, memory or time
+stops it on this course's 2-core, 23 GiB machine:
+
+- ``exact``/``causal_exact`` store h × n × n weights: 2 GiB at n = 8,192 (25 GiB at 16,384), and
+  the backward keeps them and their gradients (8.6 GiB at n = 8,192 forward+backward);
+- the prefix-sum forms (``causal_linear``, ``causal_performer``) store all n states of f × e
+  per head: 128 KiB per token for elu+1 (f = 64), 512 KiB for FAVOR+ (m = 256), and autograd
+  keeps them and their gradients.
+
+Linformer runs at k = 128 and FAVOR+ at m = 256 throughout; at n = 512, MiniLM's length, k and m
+are swept too (k = 32 … 256, m = 32 … 512): the cost axis of lesson 09's error-against-cost figure.
+
+Method (the Linformer grid's): each case in its own process, 3 warm-up calls, 20 timed calls,
+the minimum and the median kept, peak memory from one more call of the same process.  Calls
+that take long get fewer timed calls (``budget``): at most ``budget`` seconds of timed calls, but
+never fewer than ``min_repeats``; a call of over a second is warmed up once.
+
+``linformer``: lesson 04's grid (``course_lib/data/bench_linformer_cpu.csv``), as it was measured.
+"""
+
+import dataclasses
+import pathlib
+import textwrap
+
+from course_lib.bench.variants import MODES, Case, make_cases
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """Variants × lengths in one mode; ``k`` and ``m`` for the variants that use them."""
+
+    variants: tuple
+    ns: tuple
+    mode: str = "forward"
+    ks: tuple = (128,)
+    ms: tuple = (256,)
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """A stored grid: its parts, the setting shared by every case, the method and its CSV in ``course_lib/data/``."""
+
+    about: str
+    parts: tuple
+    csv: str
+    setting: dict = dataclasses.field(default_factory=lambda: dict(b=1, h=8, d=64, dtype="float32", device="cpu",
+                                                                   threads=0))
+    repeats: int = 20
+    warmup: int = 3
+    budget: float = 0.0  # seconds of timed calls per case; 0: always ``repeats``
+    min_repeats: int = 5
+
+
+def _powers(low, high):
+    return tuple(2**i for i in range(low.bit_length() - 1, high.bit_length()))
+
+
+NS = _powers(256, 16384)  # 256, 512, …, 16,384
+UP_TO_8K, UP_TO_4K, UP_TO_2K = NS[:6], NS[:5], NS[:4]
+
+# Fast enough and small enough at every n.
+LINEAR_TIME = ("sdpa", "linformer", "linear", "performer", "causal_sdpa", "causal_linear_chunked",
+               "causal_performer_chunked")
+
+GRID = Preset(
+    about="lessons 06, 08, 09: every variant, forward and forward+backward, n = 256 … 16,384, h = 8",
+    csv="bench_grid_cpu.csv",
+    parts=(
+        Part(("exact", "causal_exact"), UP_TO_8K),
+        Part(LINEAR_TIME + ("causal_linear",), NS),
+        Part(("causal_performer",), UP_TO_4K),
+        Part(("exact", "causal_exact"), UP_TO_4K, "forward+backward"),
+        Part(LINEAR_TIME, NS, "forward+backward"),
+        Part(("causal_linear",), UP_TO_8K, "forward+backward"),
+        Part(("causal_performer",), UP_TO_2K, "forward+backward"),
+        # Error against cost (lesson 09): Linformer's k and FAVOR+'s m swept at MiniLM's length.
+        Part(("linformer", "performer"), (512,), ks=(32, 64, 128, 256), ms=(32, 64, 128, 256, 512)),
+    ),
+    budget=10.0,
+)
+
+LINFORMER = Preset(
+    about="lesson 04: exact, sdpa, linformer and its step-by-step twin, k = 128, 256, 512, n = 512 … 8,192",
+    csv="bench_linformer_cpu.csv",
+    parts=(Part(("exact", "sdpa", "linformer", "linformer_reference"), _powers(512, 8192), ks=(128, 256, 512)),),
+)
+
+PRESETS = {"grid": GRID, "linformer": LINFORMER}
+
+
+def data_file(preset):
+    """Where ``preset``'s CSV lives: ``course_lib/data/``, package data that the lessons read."""
+    return pathlib.Path(__file__).resolve().parents[1] / "data" / preset.csv
+
+
+def cases(preset, *, repeats=None, warmup=None, threads=None, skipped=None):
+    """Every case of ``preset`` in the order it is measured: forward first, then n ascending.
+
+    ``repeats``, ``warmup`` and ``threads`` override the preset's (a quicker, provisional run).
+    """
+    common = dict(preset.setting, repeats=repeats or preset.repeats,
+                  warmup=preset.warmup if warmup is None else warmup)
+    if threads is not None:
+        common["threads"] = threads
+    every = {key(case): case for part in preset.parts  # a case in two parts is measured once
+             for case in make_cases(part.variants, part.ns, part.ks, part.ms, skipped=skipped, mode=part.mode,
+                                    **common)}.values()
+    # Forward before forward+backward, n ascending: a run cut short still holds every variant at small n.
+    return sorted(every, key=lambda case: (MODES.index(case.mode), case.n))
+
+
+def key(row):
+    """What identifies a case in a CSV row or a ``Case``: a row with the same key measured the same thing."""
+    row = dataclasses.asdict(row) if isinstance(row, Case) else row
+    return tuple(row[name] for name in ("variant", "mode", "device", "dtype", "b", "h", "n", "d", "k", "m", "chunk"))
+
+
+def describe():
+    """Lines for ``--help``: each preset, what it holds and where it writes."""
+    lines = []
+    for name, preset in PRESETS.items():
+        lines.append(f"  {name:<10} {preset.about}")
+        lines.append(f"  {'':<10} writes course_lib/data/{preset.csv}")
+        for part in preset.parts:
+            ns = f"n = {part.ns[0]} … {part.ns[-1]}" if len(part.ns) > 1 else f"n = {part.ns[0]}"
+            sweep = [f"{size} = {' '.join(map(str, values))}" for size, values in (("k", part.ks), ("m", part.ms))
+                     if len(values) > 1]
+            names = textwrap.wrap(" ".join(part.variants) + (f" ({'; '.join(sweep)})" if sweep else ""), 60)
+            lines.append(f"  {'':<12}{part.mode:<17} {ns:<17} {names[0]}")
+            lines += [f"  {'':<47}{more}" for more in names[1:]]
+    return "\n".join(lines)
