@@ -4,7 +4,17 @@
     python tools/build_slides.py NB.ipynb --out DIR
 
 Each cell's ``metadata.slideshow.slide_type`` places it (``slide``, ``subslide``,
-``fragment``, ``-``, ``notes``, ``skip``).  reveal.js 4, MathJax 2 and require.js come from
+``fragment``, ``-``, ``notes``, ``skip``), and a marking convention makes a lesson a lecture deck
+with no prose duplicated (slides/README.md has the rules and an example):
+
+- in a markdown cell, the lines after a line that is exactly ``<!-- notes -->`` go to the speaker
+  notes (``NOTES_MARK``; invisible in JupyterLab); the lines above it are the slide;
+- a figure that is alone on its slide (a heading above it allowed) fills the slide's height;
+- a code cell tagged ``slide-big`` shows its printed result large, its code in the notes;
+- cells tagged ``deck-question`` must be on the first slide (the lesson's question, set large);
+  cells tagged ``deck-answer`` close the deck as its last slide (moved there, results large).
+
+reveal.js 4, MathJax 2 and require.js come from
 npm (``tools/slides/package-lock.json``, installed with ``npm ci`` when needed) and are
 copied with plotly's own ``plotly.min.js`` into ``DIR/vendor/``, which every deck loads
 by relative path.  At build time plotly outputs become a div drawn by the deck, widget views
@@ -40,6 +50,13 @@ MATHJAX_CONFIG = "TeX-AMS_SVG-full"  # SVG output: glyphs are paths, no math fon
 FIGURE_FONT_SIZE, TITLE_ROOM = 16, 30  # px; plotly's default 12 px type is too small on a projector
 MIN_FIGURE_HEIGHT = 320  # px; below this a two-panel figure's axes and legend no longer read from the back row
 CODE_LINES = 8  # longer code is read in the notebook, not from a projector: it goes to the speaker notes
+
+# The marking convention (see slides/README.md).
+NOTES_MARK = "<!-- notes -->"  # a line of its own in a markdown cell: what follows is speaker notes
+BIG = "slide-big"  # cell tag: the printed result is shown large, the code goes to the notes
+QUESTION = "deck-question"  # cell tag: the lesson's question, on the deck's first slide
+ANSWER = "deck-answer"  # cell tag: the lesson's answer, moved to the deck's last slide
+STARTS = ("slide", "subslide")  # slide types that start a slide (each subslide is a slide on screen)
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -195,10 +212,24 @@ def offline_outputs(outputs, state):
     return result
 
 
+def slide_type(cell):
+    return cell.metadata.get("slideshow", {}).get("slide_type", "-")
+
+
+def set_slide_type(cell, kind):
+    cell.metadata["slideshow"] = {**cell.metadata.get("slideshow", {}), "slide_type": kind}
+
+
+def tagged(cell, tag):
+    return tag in cell.metadata.get("tags", [])
+
+
 def code_to_notes(cell):
-    """True when ``cell``'s code belongs in the speaker notes: it draws a figure or a widget, or is long."""
+    """True when ``cell``'s code belongs in the speaker notes: it draws a figure or a widget, is long,
+    or shows a result large (tagged ``slide-big`` or ``deck-answer``)."""
     drawn = any(PLOTLY_MIME in o.get("data", {}) or WIDGET_VIEW in o.get("data", {}) for o in cell.outputs)
-    return bool(cell.source.strip()) and (drawn or cell.source.strip().count("\n") >= CODE_LINES)
+    shown = tagged(cell, BIG) or tagged(cell, ANSWER)
+    return bool(cell.source.strip()) and (drawn or shown or cell.source.strip().count("\n") >= CODE_LINES)
 
 
 def notes_cell(cell):
@@ -208,19 +239,107 @@ def notes_cell(cell):
                                          metadata={"slideshow": {"slide_type": "notes"}})
 
 
+def split_notes(cell):
+    """A markdown cell as [its slide part, a notes cell with what follows the line ``<!-- notes -->``].
+
+    A cell with nothing above the mark is notes alone; a notes or skipped cell only loses the mark.
+    """
+    lines = cell.source.split("\n")
+    mark = next((i for i, line in enumerate(lines) if line.strip() == NOTES_MARK), None)
+    if mark is None:
+        return [cell]
+    shown, notes = "\n".join(lines[:mark]).strip(), "\n".join(lines[mark + 1:]).strip()
+    if slide_type(cell) in ("notes", "skip") or not shown:
+        cell.source = "\n\n".join(part for part in (shown, notes) if part)
+        if slide_type(cell) != "skip":
+            set_slide_type(cell, "notes")
+        return [cell]
+    cell.source = shown
+    if not notes:
+        return [cell]
+    spoken = nbformat.v4.new_markdown_cell(notes, metadata={"slideshow": {"slide_type": "notes"}})
+    if cell.get("attachments"):
+        spoken.attachments = cell.attachments
+    return [cell, spoken]
+
+
+def answer_last(cells):
+    """``cells`` with those tagged ``deck-answer`` moved to the end, as one slide (fragments and notes kept)."""
+    answer = [c for c in cells if tagged(c, ANSWER)]
+    for i, cell in enumerate(answer):
+        set_slide_type(cell, "slide" if i == 0 else slide_type(cell) if slide_type(cell) in ("fragment", "notes")
+                       else "-")
+    return [c for c in cells if not tagged(c, ANSWER)] + answer
+
+
+def slides_of(cells):
+    """The cells grouped as the audience sees them: one list per slide (each subslide its own), in order."""
+    slides = []
+    for cell in cells:
+        kind = slide_type(cell)
+        if kind == "skip":
+            continue
+        if not slides or (kind in STARTS and any(slide_type(c) != "notes" for c in slides[-1])):
+            slides.append([])
+        slides[-1].append(cell)
+    return slides
+
+
+def _heading_only(cell):
+    return cell.cell_type == "markdown" and "\n" not in cell.source.strip() and cell.source.lstrip().startswith("#")
+
+
+def _figure_alone(cell):
+    """True for a code cell whose slide shows one figure (and a widget's caption) and nothing else."""
+    if cell.cell_type != "code":
+        return False
+    if cell.source.strip() and not cell.metadata.get("transient", {}).get("remove_source"):
+        return False  # its code is on the slide
+    html = [o.get("data", {}).get("text/html", "") for o in cell.outputs]
+    figures = [h for h in html if 'class="course-plotly"' in h]
+    captions = [h for h in html if 'class="course-widget-note"' in h]
+    return len(figures) == 1 and len(figures) + len(captions) == len(cell.outputs)
+
+
+def fill_figures(cells):
+    """Mark the figure of each slide that shows it alone (a heading above it allowed) to fill the
+    slide's height: the deck's fitting script gives it the room the slide has left."""
+    for slide in slides_of(cells):
+        shown = [c for c in slide if slide_type(c) != "notes"]
+        if shown and _figure_alone(shown[-1]) and (len(shown) == 1 or len(shown) == 2 and _heading_only(shown[0])):
+            for output in shown[-1].outputs:
+                html = output.get("data", {}).get("text/html", "")
+                output.data["text/html"] = html.replace('class="course-plotly"', 'class="course-plotly course-fill"')
+
+
+def check_question(cells):
+    """Cells tagged ``deck-question`` must be on the deck's first slide."""
+    slides = slides_of(cells)
+    late = [i for i, slide in enumerate(slides[1:], start=2) for c in slide if tagged(c, QUESTION)]
+    if late:
+        raise ValueError(f"a cell tagged {QUESTION} is on slide {late[0]}: the lesson's question must be on the "
+                         "first slide (tag the title cell, or a cell after it with slide type '-')")
+
+
 def prepare(nb):
-    """Make ``nb`` (in place) renderable with no widget manager and no network, code in the notes."""
+    """Make ``nb`` (in place) a deck: the marking convention applied, renderable with no widget
+    manager and no network, code in the notes."""
     state = nb.metadata.pop("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
     cells = []
-    for cell in nb.cells:
+    for cell in answer_last(nb.cells):
+        if cell.cell_type == "markdown":
+            cells.extend(split_notes(cell))
+            continue
         cells.append(cell)
         if cell.cell_type != "code":
             continue
         notes = code_to_notes(cell)
         cell.outputs = offline_outputs(cell.outputs, state)
-        if notes and cell.metadata.get("slideshow", {}).get("slide_type") not in ("skip", "notes"):
+        if notes and slide_type(cell) not in ("skip", "notes"):
             cell.metadata.setdefault("transient", {})["remove_source"] = True
             cells.append(notes_cell(cell))
+    check_question(cells)
+    fill_figures(cells)
     nb.cells = cells
     return nb
 
@@ -259,7 +378,10 @@ def exporter():
 def build_deck(notebook, out, exp=None):
     """Write ``out/<notebook stem>.slides.html``; return its path."""
     notebook = pathlib.Path(notebook)
-    nb = prepare(nbformat.read(notebook, as_version=4))
+    try:
+        nb = prepare(nbformat.read(notebook, as_version=4))
+    except ValueError as error:
+        raise ValueError(f"{notebook.name}: {error}") from None
     resources = {"metadata": {"name": notebook.stem, "path": str(notebook.parent)}, "course": {"vendor": VENDOR}}
     html, _ = (exp or exporter()).from_notebook_node(nb, resources=resources)
     html = offline_html(html)
