@@ -2,18 +2,31 @@
 
 Every lesson deck, plus a small synthetic notebook that exercises each feature (math, a plotly
 figure, widget snapshots, a web link, skipped and notes cells, a slide too tall for the frame),
-is built into a temporary folder and opened in headless chromium at 1280 x 720 with every
-network request aborted.  A deck passes when reveal counts its slides, MathJax typesets its
-math without errors, each figure is drawn as an SVG, the console stays free of errors, and
-every slide (each vertical subslide, with all its fragments shown) fits inside the frame.
+is built into a temporary folder (each deck when a test first needs it, so ``-k 06_linear`` builds
+one) and opened in headless chromium at 1280 x 720 with every network request aborted.  A deck
+passes when reveal counts its slides, MathJax typesets its math without errors, each figure is
+drawn as an SVG, the console stays free of errors, and every slide (each vertical subslide, with
+all its fragments shown) fits inside the frame.
+
+Every slide of every deck is also measured as the audience sees it (``tools/measure_slides.py``:
+visible words, content height, figure, display equation) and three slides per deck are saved to
+build/screenshots/.  The decks in ``REMARKED`` and the worked example of the slide convention
+(tests/fixtures/slides/example_deck.ipynb) must keep the limits: no slide over 90 words, none
+nearly empty, a median of at most 45 words, the question first and the answer last.  The other
+lessons are reported, not failed: each shows as XFAIL with its figures until it is re-marked and
+added to ``REMARKED``.  A synthetic unmarked deck proves that each limit fails when broken.
 
 The figure rules (no browser): legends stand clear of titles, heatmaps carry axis titles.
 """
 
+import collections.abc
 import json
 import pathlib
 import re
 import shutil
+import subprocess
+import sys
+import warnings
 
 import nbformat
 import numpy as np
@@ -23,14 +36,24 @@ import pytest
 from plotly.subplots import make_subplots
 
 from course_lib import viz
-from tests.browser import SCREENSHOTS, PageLog, in_ci, launched, screenshot
-from tools import build_slides
+from tests.browser import SCREENSHOTS, in_ci, launched, screenshot
+from tools import build_slides, measure_slides
+from tools.measure_slides import leaf_slides, open_deck, show_slide
 
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 LESSONS = build_slides.lessons()
+EXAMPLE = ROOT / "tests" / "fixtures" / "slides" / "example_deck.ipynb"  # the convention's worked example
 # What every lesson deck must show; a lesson listed here differs from the default.
 DEFAULT = {"min_slides": 6, "math": True, "figure": True}
 EXPECTED = {"00_welcome": {"min_slides": 4, "math": False, "figure": False}}
-READY_MS = 90_000
+READY_MS = measure_slides.READY_MS
+
+# Lesson decks held to the limits of a lecture deck (tools/measure_slides.py; slides/README.md):
+# a lesson joins this set once its notebook is marked with the slide convention.  The lessons not
+# listed are measured and reported (XFAIL, with their figures), never failed on those limits.
+# When every lesson is listed, hold every deck to them (STRICT = MEASURED below), so that a new
+# lesson keeps them from its first commit.
+REMARKED = set()
 
 
 def expected(stem):
@@ -86,17 +109,70 @@ def synthetic_notebook():
     return nb
 
 
+def words(count, start=0):
+    """``count`` distinct words to fill a synthetic slide: w0 w1 w2 ..."""
+    return " ".join(f"w{i}" for i in range(start, start + count))
+
+
+COUNTED = (38, 2)  # the counting slide of the unmarked deck: plain words, inline formulas (+ 2 heading words)
+
+
+def unmarked_notebook():
+    """A small deck that breaks every limit of a lecture deck, each on a known slide.
+
+    Slide 1: 97 words (over 90).  Slide 2: one printed line (nearly empty).  Slide 3: a display
+    equation with a three-word heading (short, but not empty).  Slide 4: a figure alone (no words,
+    not empty).  Slide 5: ``COUNTED`` words and formulas, with 150 words of notes that must not
+    count.  Slides 6-9: 63 words each, which lifts the median to 63 (over 45).  No question, no
+    answer.
+    """
+    md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
+    figure = json.loads(go.Figure(go.Scatter(x=[1, 2, 3], y=[1, 4, 9], name="n squared")).to_json())
+    plot = nbformat.v4.new_output("display_data", data={build_slides.PLOTLY_MIME: figure})
+    printed = nbformat.v4.new_output("stream", name="stdout", text="x = 1\n")
+    plain, formulas = COUNTED
+    cells = [
+        _cell(md(f"# Unmarked deck\n\n{words(95)}"), "slide"),
+        _cell(code('print("x = 1")', outputs=[printed]), "subslide"),
+        _cell(md("## Mind the formula\n\n$$y = x^2 \\tag{1}$$"), "subslide"),
+        _cell(code("figure", outputs=[plot]), "slide"),
+        _cell(md(f"## Counted words\n\n{words(plain)} $n^2$ $\\sqrt{{d}}$\n{build_slides.NOTES_MARK}\n"
+                 f"{words(150, start=1000)}"), "subslide"),
+    ]
+    cells += [_cell(md(f"## Filler slide {i}\n\n{words(60)}"), "slide") for i in range(4)]
+    return nbformat.v4.new_notebook(cells=cells)
+
+
+class Decks(collections.abc.Mapping):
+    """{stem: deck path}, each deck built into one folder the first time it is asked for."""
+
+    def __init__(self, sources, out):
+        self.sources, self.out, self.built = {p.stem: p for p in sources}, out, {}
+
+    def __getitem__(self, stem):
+        if stem not in self.built:
+            (self.built[stem],) = build_slides.build([self.sources[stem]], self.out)
+        return self.built[stem]
+
+    def __iter__(self):
+        return iter(self.sources)
+
+    def __len__(self):
+        return len(self.sources)
+
+
 @pytest.fixture(scope="module")
 def decks(tmp_path_factory):
-    """Every lesson deck and the synthetic deck, built into one temporary folder: {stem: path}."""
+    """Every lesson deck, the worked example, the synthetic and the unmarked deck: {stem: path}."""
     if shutil.which("npm") is None and not (build_slides.NODE_MODULES / ".package-lock.json").exists():
         if in_ci():
             pytest.fail("npm not found: CI needs Node.js to build the slides", pytrace=False)
         pytest.skip("npm not found: install Node.js (18 or later) to build the slides")
-    source = tmp_path_factory.mktemp("synthetic") / "99_synthetic.ipynb"
-    nbformat.write(synthetic_notebook(), source)
-    out = tmp_path_factory.mktemp("slides")
-    return {deck.name.removesuffix(".slides.html"): deck for deck in build_slides.build([*LESSONS, source], out)}
+    folder = tmp_path_factory.mktemp("notebooks")
+    synthetic, unmarked = folder / "99_synthetic.ipynb", folder / "98_unmarked.ipynb"
+    nbformat.write(synthetic_notebook(), synthetic)
+    nbformat.write(unmarked_notebook(), unmarked)
+    return Decks([*LESSONS, EXAMPLE, synthetic, unmarked], tmp_path_factory.mktemp("slides"))
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +196,7 @@ def test_synthetic_deck_drops_skipped_cells_and_prints_links(decks):
     assert '<span class="course-address">arxiv.org/abs/2009.14794</span>' in html
     assert "shown here at n = 8" in html
     assert "shown here at k = 4" in html and "Sliders at k = 4" not in html
-    assert html.count('class="course-plotly"') == 3
+    assert html.count('<div class="course-plotly') == 3 and html.count('course-plotly course-fill') == 3
     assert html.count("plotly.min.js") == 1
 
 
@@ -146,6 +222,73 @@ def test_consecutive_prints_become_one_block():
     assert [(o.name, o.text) for o in joined] == [("stdout", "n = 1; n = 2\n"), ("stderr", "warning\n")]
 
 
+# --- The marking convention (no browser) ---
+
+def kinds(nb):
+    return [(c.cell_type, build_slides.slide_type(c)) for c in nb.cells]
+
+
+def test_text_after_the_notes_mark_goes_to_the_speaker_notes():
+    md = nbformat.v4.new_markdown_cell
+    mark = build_slides.NOTES_MARK
+    cells = [_cell(md(f"## Point\n\n- bullet\n{mark}\nThe paragraph."), "slide"),
+             _cell(md(f"{mark}\nOnly notes."), "subslide"),
+             _cell(md(f"Said, not shown.\n  {mark}  \nMore."), "notes"),
+             _cell(md("## No mark\n\n<!-- notes: not the mark -->"), "slide"),
+             _cell(md(f"## Shown\n{mark}\n"), "-")]
+    nb = build_slides.prepare(nbformat.v4.new_notebook(cells=cells))
+    assert kinds(nb) == [("markdown", "slide"), ("markdown", "notes"), ("markdown", "notes"), ("markdown", "notes"),
+                         ("markdown", "slide"), ("markdown", "-")]
+    assert [c.source for c in nb.cells] == ["## Point\n\n- bullet", "The paragraph.", "Only notes.",
+                                            "Said, not shown.\n\nMore.", "## No mark\n\n<!-- notes: not the mark -->",
+                                            "## Shown"]
+
+
+def test_answer_cells_close_the_deck_and_the_question_opens_it():
+    md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
+    printed = nbformat.v4.new_output("stream", name="stdout", text="42\n")
+    cells = [_cell(md("# Title"), "slide", tags=["deck-question"]),
+             _cell(md("## Answer: 42"), "subslide", tags=["deck-answer"]),
+             _cell(code("print(42)", outputs=[printed]), "fragment", tags=["deck-answer"]),
+             _cell(code("print(6 * 7)", outputs=[printed]), "subslide", tags=["deck-answer"]),
+             _cell(md("## References"), "slide")]
+    nb = build_slides.prepare(nbformat.v4.new_notebook(cells=cells))
+    assert [c.source.splitlines()[0] for c in nb.cells] == ["# Title", "## References", "## Answer: 42", "print(42)",
+                                                           "```python", "print(6 * 7)", "```python"]
+    assert [build_slides.slide_type(c) for c in nb.cells] == ["slide", "slide", "slide", "fragment", "notes", "-",
+                                                             "notes"]
+    assert all(c.metadata["transient"]["remove_source"] for c in nb.cells if c.cell_type == "code")
+    late = [_cell(md("# Title"), "slide"), _cell(md("**The question?**"), "subslide", tags=["deck-question"])]
+    with pytest.raises(ValueError, match="deck-question is on slide 2"):
+        build_slides.prepare(nbformat.v4.new_notebook(cells=late))
+    on_first = [_cell(md("# Title"), "slide"), _cell(md("**The question?**"), "-", tags=["deck-question"])]
+    build_slides.prepare(nbformat.v4.new_notebook(cells=on_first))
+
+
+def filled(nb):
+    """For each code cell of a prepared notebook: whether its figure fills the slide."""
+    return [any("course-fill" in o.get("data", {}).get("text/html", "") for o in c.outputs)
+            for c in nb.cells if c.cell_type == "code"]
+
+
+def test_a_figure_alone_on_its_slide_fills_it():
+    md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
+    figure = nbformat.v4.new_output("display_data", data={build_slides.PLOTLY_MIME: {"data": [], "layout": {}}})
+    printed = nbformat.v4.new_output("stream", name="stdout", text="x = 1\n")
+    cells = [_cell(md("# Title"), "slide"),
+             _cell(code("fig", outputs=[figure]), "subslide"),  # alone: fills
+             _cell(md("Notes about it."), "notes"),
+             _cell(md("## A heading that states the point"), "subslide"),
+             _cell(code("fig", outputs=[figure]), "-"),  # under a heading alone: fills
+             _cell(code("fig", outputs=[figure, printed]), "subslide"),  # and a printed line: keeps its size
+             _cell(md("## Two lines\n\nof text"), "subslide"),
+             _cell(code("fig", outputs=[figure]), "-"),  # under a paragraph: keeps its size
+             _cell(code("fig", outputs=[figure]), "subslide"),
+             _cell(code("x = 1", outputs=[printed]), "fragment")]  # with a fragment: keeps its size
+    nb = build_slides.prepare(nbformat.v4.new_notebook(cells=cells))
+    assert filled(nb) == [True, True, False, False, False, False]
+
+
 def test_vendor_holds_every_library(decks):
     vendor = next(iter(decks.values())).parent / build_slides.VENDOR
     for rel in ("reveal.js/dist/reveal.js", "reveal.js/dist/theme/course.css", "reveal.js/plugin/notes/notes.js",
@@ -153,16 +296,6 @@ def test_vendor_holds_every_library(decks):
                 "mathjax/jax/output/SVG/jax.js"):
         assert (vendor / rel).is_file(), rel
     assert "source-sans-pro" not in (vendor / "reveal.js/dist/theme/course.css").read_text()
-
-
-def open_deck(browser, deck):
-    """Open ``deck`` offline; return the page and its log once reveal and MathJax are done."""
-    page = browser.new_page(viewport={"width": build_slides.WIDTH, "height": build_slides.HEIGHT})
-    log = PageLog(page)
-    page.goto(pathlib.Path(deck).as_uri())
-    page.wait_for_selector("body[data-deck-ready=true]", state="attached", timeout=READY_MS)
-    page.wait_for_function("() => new Promise(done => MathJax.Hub.Queue(() => done(true)))", timeout=READY_MS)
-    return page, log
 
 
 def figure_slides(page):
@@ -188,18 +321,6 @@ def show_figures(page):
     return drawn
 
 
-def show_first_figure(page):
-    """Go to the first slide with a figure (if any) and scroll the figure into view."""
-    page.evaluate("""() => {
-        const div = document.querySelector("div.course-plotly");
-        if (!div) return Reveal.slide(0, 0);
-        const at = Reveal.getIndices(div.closest("section"));
-        Reveal.slide(at.h, at.v || 0);
-        div.scrollIntoView({block: "end"});
-    }""")
-    page.wait_for_timeout(500)
-
-
 # How far (px, in slide coordinates) a slide's content reaches past its bottom and right edges: the
 # slide's own scroll size (overflow of the slide) and that of any scrolled box inside it (a wide table
 # cut off inside its output area).  Plotly's own clipped layers and MathJax's hidden copy of each
@@ -223,22 +344,14 @@ SLIDE_EXCESS = """slide => {
 OVERFLOW_PX = 2  # sub-pixel rounding of scaled layout; a real overflow is a line of text or more
 
 
-def leaf_slides(page):
-    """reveal's indices of every slide that is shown (each vertical subslide on its own)."""
-    return page.evaluate("""() => [...document.querySelectorAll(".reveal .slides section")]
-        .filter(s => !s.querySelector("section")).map(s => Reveal.getIndices(s))""")
+def slide_excess(page, at):
+    """How far the slide now shown (``at``) passes the frame: a dict as ``SLIDE_EXCESS``, with its number."""
+    excess = page.evaluate(f"({SLIDE_EXCESS})(Reveal.getCurrentSlide())")
+    return {"slide": f"{at['h'] + 1}" + (f".{at['v'] + 1}" if at.get("v") else ""), **excess}
 
 
-def show_slide(page, at):
-    """Go to slide ``at`` with every fragment shown; wait until its figures are drawn."""
-    page.evaluate("""at => {
-        Reveal.slide(at.h, at.v || 0);
-        const fragments = Reveal.getCurrentSlide().querySelectorAll(".fragment").length;
-        if (fragments) Reveal.slide(at.h, at.v || 0, fragments - 1);
-    }""", at)
-    page.wait_for_function("""() => [...Reveal.getCurrentSlide().querySelectorAll("div.course-plotly")]
-                                  .every(div => div.querySelector("svg.main-svg"))""", timeout=READY_MS)
-    page.evaluate("() => new Promise(done => MathJax.Hub.Queue(() => done(true)))")
+def overflows(excess):
+    return max(excess["bottom"], excess["right"]) > OVERFLOW_PX
 
 
 def overflowing_slides(page):
@@ -250,10 +363,9 @@ def overflowing_slides(page):
     found = []
     for at in leaf_slides(page):
         show_slide(page, at)
-        excess = page.evaluate(f"({SLIDE_EXCESS})(Reveal.getCurrentSlide())")
-        if max(excess["bottom"], excess["right"]) > OVERFLOW_PX:
-            number = f"{at['h'] + 1}" + (f".{at['v'] + 1}" if at.get("v") else "")
-            found.append({"slide": number, **excess})
+        excess = slide_excess(page, at)
+        if overflows(excess):
+            found.append(excess)
     return found
 
 
@@ -332,21 +444,69 @@ def test_lesson_deck_in_browser(decks, browser, lesson):
     figures = show_figures(page)
     if want["figure"]:
         assert figures > 0, "no plotly figure drawn (is the notebook executed?)"
-    show_first_figure(page)
-    screenshot(page, f"slides-{lesson.stem}")
     assert log.blocked == [], "the deck tried to reach the network"
     assert log.errors == []
     page.close()
 
 
+@pytest.fixture(scope="module")
+def walked(decks, browser):
+    """walk(stem): every slide of a deck visited once, measured (``measure_slides``, with the overflow
+    under ``"extra"``), three of them saved to build/screenshots/; the result is kept for other tests."""
+    done = {}
+
+    def walk(stem):
+        if stem not in done:
+            page, log = open_deck(browser, decks[stem])
+            slides = measure_slides.measure_deck(page, each=slide_excess)
+            for slide in measure_slides.screenshot_slides(slides):
+                show_slide(page, slide["at"])
+                screenshot(page, f"slides-{stem}-{slide['index'] + 1:02d}")
+            page.close()
+            done[stem] = {"slides": slides, "errors": log.errors, "blocked": log.blocked}
+        return done[stem]
+
+    return walk
+
+
 @pytest.mark.browser
 @pytest.mark.slow
 @pytest.mark.parametrize("lesson", LESSONS, ids=[p.stem for p in LESSONS])
-def test_every_slide_fits_the_frame(decks, browser, lesson):
-    page, _ = open_deck(browser, decks[lesson.stem])
-    found = overflowing_slides(page)
+def test_every_slide_fits_the_frame(walked, lesson):
+    found = [s["extra"] for s in walked(lesson.stem)["slides"] if overflows(s["extra"])]
     assert found == [], overflow_report(lesson.stem, found)
-    page.close()
+
+
+# --- The limits of a lecture deck: words, fill, the question and the answer (tools/measure_slides.py) ---
+
+def measures_report(stem, slides):
+    stats = measure_slides.summary(slides)
+    return (f"{stem}: {stats['slides']} slides, median {stats['median_words']:g} words, largest "
+            f"{stats['max_words']} (slide {stats['max_slide']}), {stats['figure_slides']} with a figure, "
+            f"{stats['over_words']} over {measure_slides.MAX_WORDS} words, {stats['nearly_empty']} nearly empty")
+
+
+STRICT = [*sorted(REMARKED), EXAMPLE.stem]
+MEASURED = [p.stem for p in LESSONS] + [EXAMPLE.stem]
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.parametrize("stem", MEASURED)
+def test_deck_measures(walked, stem):
+    """A re-marked deck (``REMARKED``, the worked example) keeps every limit; another lesson's deck is
+    reported as XFAIL with its figures and the first slides that break a limit, never skipped."""
+    walk = walked(stem)
+    slides = walk["slides"]
+    assert walk["errors"] == [] and walk["blocked"] == []
+    found = measure_slides.problems(slides)
+    if stem in STRICT:
+        assert found == [], measures_report(stem, slides) + "\n  " + "\n  ".join(found)
+    elif found:
+        pytest.xfail(f"not yet marked with the slide convention (add it to REMARKED once it is): "
+                     f"{measures_report(stem, slides)}; e.g. {'; '.join(found[:2])}")
+    else:
+        warnings.warn(f"{stem} keeps every limit of a lecture deck: add it to REMARKED in {__file__}", stacklevel=1)
 
 
 # --- Widget cells: a notebook opened without running it shows a figure in their place ---
@@ -454,3 +614,70 @@ def test_busy_figure_legend_covers_no_title_in_browser(browser, tmp_path, where)
     assert len(boxes["titles"]) >= 4 and boxes["legend"]["height"] > 0
     hit = [t for t in boxes["titles"] if boxes_overlap(boxes["legend"], t)]
     assert hit == [], f"the legend covers {hit}"
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_unmarked_deck_breaks_each_limit_on_its_slide(walked):
+    """Each limit fires on the slide that breaks it, and only there: 97 words, one printed line, the
+    median, no question, no answer; an equation or a figure keeps a short slide from counting as empty."""
+    slides = walked("98_unmarked")["slides"]
+    assert len(slides) == 9
+    assert [s["words"] for s in slides][0] == 97
+    plain, formulas = COUNTED
+    assert slides[4]["words"] == 2 + plain + formulas, "the notes (150 words) or the formulas were miscounted"
+    assert slides[2]["equations"] == 1 and slides[3]["figures"] == 1 and slides[3]["words"] == 0
+    found = measure_slides.problems(slides)
+    assert [line.split(" ")[1] for line in found if line.startswith("slide ")] == ["1", "2"], found
+    assert "97 words (limit 90)" in found[0] and "nearly empty" in found[1]
+    assert found[2:] == [
+        "median 63 words per slide (limit 45)",
+        "the first slide does not show the lesson's question (a markdown cell tagged deck-question)",
+        "the answer (cells tagged deck-answer) must be the last slide, alone; found on slides []",
+    ]
+    assert measure_slides.summary(slides) == {"slides": 9, "median_words": 63, "max_words": 97, "max_slide": "1 (1)",
+                                              "figure_slides": 1, "over_words": 1, "nearly_empty": 1}
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_example_deck_shows_the_convention(decks, browser, walked):
+    """The worked example: the question opens the deck, the answer (moved past the references) closes
+    it, the figure alone on its slide fills most of the frame, a slide-big result is set large and
+    its code is in the notes, and the prose after <!-- notes --> is in the notes and not on a slide."""
+    slides = walked(EXAMPLE.stem)["slides"]
+    assert slides[0]["question"] and slides[-1]["answer"] and "The answer" in slides[-1]["title"]
+    assert slides[-2]["title"] == "References"
+    figure = next(s for s in slides if s["figures"])
+    assert figure["figure_height"] >= 0.8 * build_slides.HEIGHT, figure
+    page, _ = open_deck(browser, decks[EXAMPLE.stem])
+    big = page.evaluate("""() => {
+        const pre = document.querySelector(".celltag_slide-big .jp-OutputArea-output pre");
+        const cell = pre.closest(".jp-Cell");
+        return {size: parseFloat(getComputedStyle(pre).fontSize), text: pre.textContent,
+                code: cell.querySelector(".jp-InputArea") !== null,
+                notes: [...cell.closest("section").querySelectorAll("aside.notes")].map(a => a.textContent).join(" ")};
+    }""")
+    assert big["size"] >= 28 and big["text"].startswith("64 MiB") and not big["code"], big
+    assert "print(f" in big["notes"]
+    notes = page.evaluate("[...document.querySelectorAll('aside.notes')].map(a => a.textContent).join(' ')")
+    assert "its size does not depend on the head dimension" in notes.lower()
+    shown = page.evaluate("""() => [...document.querySelectorAll(".reveal .slides section")]
+        .map(s => s.innerText).join(" ")""")
+    assert "head dimension" not in shown and "<!-- notes -->" not in page.content().split("<body")[1]
+    page.close()
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_measuring_command(decks, walked):
+    """``tools/measure_slides.py`` prints the deck's figures; --strict exits 1 on a deck that breaks a limit."""
+    command = [sys.executable, str(ROOT / "tools" / "measure_slides.py"), "--strict"]
+    good = subprocess.run([*command, str(decks[EXAMPLE.stem])], capture_output=True, text=True, timeout=300)
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert good.stdout.splitlines()[1].split()[:2] == [EXAMPLE.stem, str(len(walked(EXAMPLE.stem)["slides"]))]
+    bad = subprocess.run([*command, "--slides", str(decks["98_unmarked"])], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert bad.stdout.splitlines()[1].split() == ["98_unmarked", "9", "63", "97", "(1)", "1", "1", "1"]
+    assert "median 63 words per slide (limit 45)" in bad.stdout and "nearly empty" in bad.stdout
+
