@@ -1,8 +1,17 @@
-"""Checks for the lesson 06 exercises (linear attention)."""
+"""Checks for the lesson 06 exercises (linear attention).
+
+6.1 and 6.4 have a rule besides their values: 6.1 must never form the ``(n, s)`` kernel and 6.4
+must never hold the ``n`` states of the prefix sums.  Their checks measure it: after the seeded
+cases pass, the answer runs once more at a size where the forbidden array is large, and the peak
+of NumPy's allocations during that call (``tracemalloc``) must stay well below that array's size.
+"""
+
+import tracemalloc
+from dataclasses import dataclass
 
 import numpy as np
 
-from course_lib.checks import Exercise, Mistake
+from course_lib.checks import FAILED, CheckResult, Exercise, Mistake
 from course_lib.numpy import linear
 
 EPS = 1e-6  # the library's default: added to the normaliser (notebook 06)
@@ -15,6 +24,46 @@ def _case(seed, lead, n, d, e, scale=1.0):
 
 def _t(x):
     return np.swapaxes(x, -1, -2)
+
+
+def _peak_bytes(fn, *args):
+    """Peak bytes NumPy allocated while ``fn(*args)`` ran (its inputs, made before, not counted)."""
+    tracing = tracemalloc.is_tracing()
+    if not tracing:
+        tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    tracemalloc.reset_peak()
+    try:
+        with np.errstate(all="ignore"):
+            fn(*args)
+        return tracemalloc.get_traced_memory()[1] - before
+    finally:
+        if not tracing:
+            tracemalloc.stop()
+
+
+@dataclass
+class _RuleExercise(Exercise):
+    """An exercise with a rule the values cannot show: ``rule(candidate)`` → None, or (mistake, message, hint)."""
+
+    rule: object = None
+    rule_passed: str = ""  # the line a passed check adds: what the size check found
+
+    def __call__(self, candidate, *, verbose=True):
+        result = super().__call__(candidate, verbose=False)
+        if result and self.rule is not None:
+            try:
+                broken = self.rule(candidate)
+            except Exception as exc:  # the answer passed the small cases but fails at the rule's size
+                broken = (None, f"  the size check raised {type(exc).__name__}: {exc}", None)
+            if broken is not None:
+                name, message, hint = broken
+                result = CheckResult(self.number, FAILED, message + (f"\n  hint: {hint}" if hint else ""), name)
+            else:
+                result.message += f"\n  {self.rule_passed}"
+        if verbose:
+            print(result)
+        return result
 
 
 # --- Exercise 6.1: non-causal linear attention with its normaliser ---------------------------
@@ -51,7 +100,34 @@ MISTAKES_6_1 = (
             "positions (axis -2) and has f entries."),
     Mistake("keys-not-mapped", _noncausal(map_keys=False),
             "the feature map was applied to q only: the kernel is phi(q)·phi(k), so map the keys too."),
+    Mistake("forms-the-kernel", lambda q, k, v: _quadratic(q, k, v),
+            "the values are right, but the answer forms the (n, s) kernel phi(Q) phi(K)ᵀ — the one thing "
+            "Eq. (6.2) avoids. Compute S = phi(K)ᵀ v (f × e) and z = Σ_j phi(k_j) first, then phi(Q) S: "
+            "nothing of size n × s."),
 )
+
+
+def _quadratic(q, k, v):
+    """The right values the forbidden way: Eq. (6.1) with the (n, s) kernel."""
+    phi_q, phi_k = linear.elu_feature_map(q), linear.elu_feature_map(k)
+    kernel = phi_q @ _t(phi_k)  # (..., n, s)
+    normaliser = kernel.sum(axis=-1)  # (..., n)
+    return _t(phi_k) @ v, normaliser, kernel @ v / (normaliser[..., None] + EPS)
+
+
+KERNEL_PROBE = 2048  # n = s of the size check: an (n, s) float64 kernel takes 32 MiB, the answer about 1 MiB
+
+
+def _no_kernel(candidate):
+    """Exercise 6.1's rule: at n = s = 2048 the call may not allocate a quarter of an (n, s) kernel."""
+    q, k, v = _case(60, (), KERNEL_PROBE, 8, 8)
+    kernel_bytes = KERNEL_PROBE * KERNEL_PROBE * 8
+    peak = _peak_bytes(candidate, q, k, v)
+    if peak < kernel_bytes / 4:
+        return None
+    return ("forms-the-kernel", f"  at n = s = {KERNEL_PROBE} (d = e = 8) the call allocated {peak / 2**20:.0f} MiB; "
+            f"the (n, s) kernel alone is {kernel_bytes / 2**20:.0f} MiB, Eq. (6.2) needs about 1 MiB.",
+            MISTAKES_6_1[-1].hint)
 
 
 def _cases_6_1():
@@ -62,67 +138,85 @@ def _cases_6_1():
     ]
 
 
-exercise_6_1 = Exercise("6.1", "non-causal linear attention", _noncausal_reference, _cases_6_1, MISTAKES_6_1,
-                        names=("kv_state", "normaliser", "output"))
+exercise_6_1 = _RuleExercise("6.1", "non-causal linear attention without the (n, s) kernel", _noncausal_reference,
+                             _cases_6_1, MISTAKES_6_1, names=("kv_state", "normaliser", "output"), rule=_no_kernel,
+                             rule_passed=f"At n = s = {KERNEL_PROBE} it allocated far less than an (n, s) kernel.")
 
 
-# --- Exercise 6.2: causal linear attention by prefix sums -------------------------------------
+# --- Exercise 6.2: the chunkwise-parallel form -------------------------------------------
 
-def _causal_reference(q, k, v):
-    phi_k = linear.elu_feature_map(k)  # (..., n, f)
-    kv_states = np.cumsum(phi_k[..., :, None] * v[..., None, :], axis=-3)  # (..., n, f, e)
-    key_sums = np.cumsum(phi_k, axis=-2)  # (..., n, f)
-    return kv_states, key_sums, linear.causal_linear_attention(q, k, v)
-
-
-def _exclusive(x, axis):
-    """Sum of the entries strictly before each position: the off-by-one slip."""
-    return np.cumsum(x, axis=axis) - x
+def _chunks(x, chunk_size, drop_last=False):
+    """``(..., n, w)`` → ``(..., g, c, w)``: g = ⌈n / c⌉ chunks, the last zero-padded (drop_last: ⌊n / c⌋)."""
+    n = x.shape[-2]
+    g = n // chunk_size if drop_last else -(-n // chunk_size)
+    x = x[..., :g * chunk_size, :] if drop_last else np.pad(x, [(0, 0)] * (x.ndim - 2) + [(0, g * chunk_size - n),
+                                                                                      (0, 0)])
+    return x.reshape(*x.shape[:-2], g, chunk_size, x.shape[-1])
 
 
-def _everything(x, axis):
-    """Every position gets the sum over all positions, the future included."""
-    return np.broadcast_to(x.sum(axis=axis, keepdims=True), x.shape).copy()
+def _chunked(*, inclusive=False, diagonal=0, masked=True, within_normaliser=True, drop_last=False):
+    """Exercise 6.2's function; the keywords make one slip each (the defaults: none)."""
+    def attention(q, k, v, chunk_size):
+        n = q.shape[-2]
+        a, b = _chunks(linear.elu_feature_map(q), chunk_size, drop_last), _chunks(linear.elu_feature_map(k),
+                                                                                   chunk_size, drop_last)
+        w = _chunks(v, chunk_size, drop_last)  # (..., g, c, e)
+        per_chunk = _t(b) @ w  # (..., g, f, e): Σ_j phi(k_j) v_jᵀ within each chunk
+        keys = b.sum(axis=-2)  # (..., g, f)
+        states, key_states = np.cumsum(per_chunk, axis=-3), np.cumsum(keys, axis=-2)  # up to and including g
+        if not inclusive:
+            states, key_states = states - per_chunk, key_states - keys  # the chunks before g only
+        scores = a @ _t(b)  # (..., g, c, c)
+        if masked:
+            scores = np.tril(scores, diagonal)
+        within = scores @ w  # (..., g, c, e)
+        normaliser = np.einsum("...gif,...gf->...gi", a, key_states)  # (..., g, c)
+        if within_normaliser:
+            normaliser = normaliser + scores.sum(axis=-1)
+        output = (a @ states + within) / (normaliser[..., None] + EPS)  # (..., g, c, e)
+        length = n if not drop_last else within.shape[-3] * chunk_size
 
-
-def _causal(*, prefix=lambda x, axis: np.cumsum(x, axis=axis), state_axis=-3, normalise=True):
-    """The exercise's function, made with one slip."""
-    def attention(q, k, v):
-        phi_q, phi_k = linear.elu_feature_map(q), linear.elu_feature_map(k)
-        kv_states = prefix(phi_k[..., :, None] * v[..., None, :], state_axis)  # (..., n, f, e)
-        key_sums = prefix(phi_k, -2)  # (..., n, f)
-        numerator = np.einsum("...nf,...nfe->...ne", phi_q, kv_states)
-        normaliser = np.einsum("...nf,...nf->...n", phi_q, key_sums)
-        with np.errstate(invalid="ignore", divide="ignore"):  # an empty exclusive prefix gives 0 / eps
-            return kv_states, key_sums, numerator / (normaliser[..., None] + EPS) if normalise else numerator
+        def positions(x):  # (..., g, c, e) → (..., n, e), the padding dropped
+            return x.reshape(*x.shape[:-3], -1, x.shape[-1])[..., :length, :]
+        return states, positions(within), positions(output)
     return attention
 
 
+def _chunked_reference(q, k, v, chunk_size):
+    states, within, _ = _chunked()(q, k, v, chunk_size)
+    return states, within, linear.causal_linear_attention(q, k, v, chunk_size=None)  # the output: prefix sums
+
+
 MISTAKES_6_2 = (
-    Mistake("exclusive-prefix", _causal(prefix=_exclusive),
-            "position i left itself out (an exclusive prefix, j < i): S_i = Σ_{j ≤ i} phi(k_j) v_jᵀ includes "
-            "j = i, so use the inclusive cumulative sum (np.cumsum) (Eq. 6.4)."),
-    Mistake("future-leak", _causal(prefix=_everything),
-            "every position summed over all keys, the future included: that is the non-causal Eq. (6.2). "
-            "Use cumulative sums over the positions so position i sees j ≤ i only."),
-    Mistake("cumsum-over-features", _causal(state_axis=-2),
-            "the states were summed along the feature axis f; the prefix runs over the positions n "
-            "(axis -3 of the (..., n, f, e) outer products)."),
-    Mistake("missing-normaliser", _causal(normalise=False),
-            "the output is phi(q_i) S_i without the division by phi(q_i)·z_i (+ eps) (Eq. 6.4)."),
+    Mistake("inclusive-states", _chunked(inclusive=True),
+            "the carried state must hold the chunks *before* chunk g only (the first chunk's is zero): with chunk "
+            "g's own keys in it, each position counts its chunk twice and sees the rest of its chunk (Eq. 6.6)."),
+    Mistake("unmasked-chunk", _chunked(masked=False),
+            "inside its chunk, position i may only see j ≤ i: mask the c × c kernel with np.tril before using it "
+            "(Eq. 6.6). Unmasked, every position reads the rest of its chunk — the future."),
+    Mistake("strict-mask", _chunked(diagonal=-1),
+            "np.tril(..., -1) drops the diagonal: position i attends to itself (j ≤ i), so keep k = 0."),
+    Mistake("normaliser-across-only", _chunked(within_normaliser=False),
+            "the normaliser has the same two parts as the numerator: phi(q_i)·z_<g from the earlier chunks plus "
+            "the row sums of the masked c × c kernel (Eq. 6.6 with v = 1)."),
+    Mistake("last-chunk-dropped", _chunked(drop_last=True),
+            "n // c chunks drop the last, shorter chunk when c does not divide n: use ⌈n / c⌉ chunks and pad the "
+            "last with zero rows (zeros add nothing to a sum), then cut the outputs back to n positions."),
 )
 
 
 def _cases_6_2():
     return [
-        ("n = 5, d = e = 5 (square, so every slip runs)", _case(64, (), 5, 5, 5), {}),
-        ("n = 24, d = 4, e = 3", _case(65, (), 24, 4, 3), {}),
-        ("batched (b, h) = (2, 2), n = 16, d = e = 6", _case(66, (2, 2), 16, 6, 6), {}),
+        ("n = 10, c = 4, d = e = 4 (the last chunk is short)", (*_case(81, (), 10, 4, 4), 4), {}),
+        ("n = 12, c = 3, d = 4, e = 3", (*_case(82, (), 12, 4, 3), 3), {}),
+        ("n = 6, c = 8 (one chunk: no earlier state)", (*_case(83, (), 6, 3, 3), 8), {}),
+        ("n = 7, c = 1 (every chunk one position)", (*_case(84, (), 7, 3, 2), 1), {}),
+        ("batched (b, h) = (2, 3), n = 16, c = 5, d = e = 4", (*_case(85, (2, 3), 16, 4, 4), 5), {}),
     ]
 
 
-exercise_6_2 = Exercise("6.2", "causal linear attention by prefix sums", _causal_reference, _cases_6_2, MISTAKES_6_2,
-                        names=("kv_states", "key_sums", "output"))
+exercise_6_2 = Exercise("6.2", "the chunkwise-parallel form of causal linear attention", _chunked_reference,
+                        _cases_6_2, MISTAKES_6_2, names=("states_before", "within", "output"))
 
 
 # --- Exercise 6.3: a feature map that breaks positivity ---------------------------------------
@@ -174,4 +268,98 @@ def _cases_6_3():
 exercise_6_3 = Exercise("6.3", "diagnose a feature map's normalisers", _positivity_reference, _cases_6_3,
                         MISTAKES_6_3, names=("normaliser", "negative_weights", "bad_rows"))
 
-EXERCISES = [exercise_6_1, exercise_6_2, exercise_6_3]
+
+# --- Exercise 6.4: the gradients of Eq. (6.5) with one running state -------------------------
+
+def _reverse_cumsum(x, axis):
+    return np.flip(np.cumsum(np.flip(x, axis=axis), axis=axis), axis=axis)
+
+
+def _backward(*, old_state=False, suffix="inclusive", grad_v_features="k"):
+    """Exercise 6.4's function written with all n states; the keywords make one slip each (defaults: none)."""
+    def backward(phi_q, phi_k, v, grad):
+        outer = phi_k[..., :, :, None] * v[..., :, None, :]  # (..., n, f, e)
+        states = np.cumsum(outer, axis=-3)  # S_i
+        if old_state:
+            states = states - outer  # S_{i-1}: token i not yet in
+        reads = phi_q[..., :, :, None] * grad[..., :, None, :]  # (..., n, f, e): phi(q_i) G_iᵀ
+        future = {"inclusive": _reverse_cumsum(reads, -3),  # Σ_{i ≥ j}
+                  "exclusive": _reverse_cumsum(reads, -3) - reads,  # Σ_{i > j}
+                  "prefix": np.cumsum(reads, axis=-3)}[suffix]  # Σ_{i ≤ j}: the wrong direction in time
+        features = phi_k if grad_v_features == "k" else phi_q
+        return (np.einsum("...nfe,...ne->...nf", states, grad), np.einsum("...nfe,...ne->...nf", future, v),
+                np.einsum("...nfe,...nf->...ne", future, features))
+    return backward
+
+
+def _backward_reference(phi_q, phi_k, v, grad):
+    """Eq. (6.5) as the paper's scan: one running f × e sum forward in time, one backward."""
+    grad_phi_q, grad_phi_k, grad_v = np.zeros_like(phi_q), np.zeros_like(phi_k), np.zeros_like(v)
+    state = np.zeros((*phi_k.shape[:-2], phi_k.shape[-1], v.shape[-1]))  # (..., f, e): S_i
+    for i in range(phi_q.shape[-2]):
+        state += phi_k[..., i, :, None] * v[..., i, None, :]
+        grad_phi_q[..., i, :] = np.einsum("...fe,...e->...f", state, grad[..., i, :])
+    future = np.zeros_like(state)  # (..., f, e): Σ_{i ≥ j} phi(q_i) G_iᵀ
+    for j in reversed(range(phi_q.shape[-2])):
+        future += phi_q[..., j, :, None] * grad[..., j, None, :]
+        grad_phi_k[..., j, :] = np.einsum("...fe,...e->...f", future, v[..., j, :])
+        grad_v[..., j, :] = np.einsum("...fe,...f->...e", future, phi_k[..., j, :])
+    return grad_phi_q, grad_phi_k, grad_v
+
+
+MISTAKES_6_4 = (
+    Mistake("old-state", _backward(old_state=True),
+            "∂L/∂phi(q_i) reads S_i, which holds token i itself (j ≤ i): add phi(k_i) v_iᵀ to the running state "
+            "before you read it, as the forward does."),
+    Mistake("suffix-exclusive", _backward(suffix="exclusive"),
+            "the sum for ∂L/∂phi(k_j) and ∂L/∂v_j runs over i ≥ j: query j itself read key j, so add "
+            "phi(q_j) G_jᵀ to the backward running sum before you use it at position j."),
+    Mistake("wrong-direction", _backward(suffix="prefix"),
+            "key j is read by the queries at and after it (i ≥ j): that running sum runs backward in time, from "
+            "the last position down to j (Eq. 6.5), not forward like the one for ∂L/∂phi(q)."),
+    Mistake("grad-v-with-query-features", _backward(grad_v_features="q"),
+            "∂L/∂v_j = (Σ_{i ≥ j} phi(q_i) G_iᵀ)ᵀ phi(k_j): the key features of position j, not its query features."),
+    Mistake("keeps-all-states", _backward(),
+            "the values are right, but the answer holds an (n, f, e) array — all n states or all suffix sums, "
+            "the memory Eq. (6.5) exists to avoid. Keep one f × e running sum: loop forward for ∂L/∂phi(q), "
+            "then backward from the last position for ∂L/∂phi(k) and ∂L/∂v."),
+)
+
+
+def _backward_case(seed, lead, n, f, e):
+    rng = np.random.default_rng(seed)
+    phi_q, phi_k = (linear.elu_feature_map(rng.standard_normal((*lead, n, f))) for _ in range(2))
+    return phi_q, phi_k, rng.standard_normal((*lead, n, e)), rng.standard_normal((*lead, n, e))
+
+
+def _cases_6_4():
+    return [
+        ("n = 6, f = e = 3", _backward_case(91, (), 6, 3, 3), {}),
+        ("n = 9, f = 4, e = 2", _backward_case(92, (), 9, 4, 2), {}),
+        ("n = 1 (one position)", _backward_case(93, (), 1, 3, 3), {}),
+        ("batched (b, h) = (2, 3), n = 8, f = e = 4", _backward_case(94, (2, 3), 8, 4, 4), {}),
+    ]
+
+
+STATES_PROBE = (1024, 64, 64)  # n, f, e of the size check: the n states take 32 MiB in float64
+
+
+def _one_running_state(candidate):
+    """Exercise 6.4's rule: at n = 1024, f = e = 64 the call may not allocate a quarter of the n states."""
+    n, f, e = STATES_PROBE
+    states_bytes = n * f * e * 8
+    peak = _peak_bytes(candidate, *_backward_case(90, (), n, f, e))
+    if peak < states_bytes / 4:
+        return None
+    return ("keeps-all-states", f"  at n = {n}, f = e = {f} the call allocated {peak / 2**20:.0f} MiB; the n states "
+            f"alone are {states_bytes / 2**20:.0f} MiB, the gradients themselves {3 * n * f * 8 / 2**20:.1f} MiB.",
+            MISTAKES_6_4[-1].hint)
+
+
+exercise_6_4 = _RuleExercise("6.4", "the backward of Eq. (6.5) with one running state", _backward_reference,
+                             _cases_6_4, MISTAKES_6_4, names=("grad_phi_q", "grad_phi_k", "grad_v"),
+                             rule=_one_running_state,
+                             rule_passed=f"At n = {STATES_PROBE[0]}, f = e = {STATES_PROBE[1]} it allocated far "
+                                         "less than the n states.")
+
+EXERCISES = [exercise_6_1, exercise_6_2, exercise_6_3, exercise_6_4]
