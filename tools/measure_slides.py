@@ -65,8 +65,18 @@ MEASURE = """slide => {
         if (box.height > 0) bottom = Math.max(bottom, box.bottom);
     }
     const figures = own("div.course-plotly, img");
+    // The title: the first heading, each formula in it as its TeX source; else the first line.
     const heading = slide.querySelector("h1, h2, h3, .course-cont-title");
-    const title = (heading ? heading.textContent : text.trim().split("\\n")[0]) || "";
+    let title = text.trim().split("\\n")[0] || "";
+    if (heading) {
+        const copy = heading.cloneNode(true);
+        copy.querySelectorAll(".MathJax_SVG").forEach(math => {
+            const source = document.getElementById(math.id.replace(/-Frame$/, ""));
+            math.replaceWith(source ? `$${source.textContent.trim()}$` : "");
+        });
+        copy.querySelectorAll("script, .MathJax_Preview, a.anchor-link").forEach(el => el.remove());
+        title = copy.textContent;
+    }
     return {
         words: tokens + formulas,
         height: Math.round((bottom - top) / scale),
