@@ -12,8 +12,8 @@ stops it on this course's 2-core, 23 GiB machine:
 - ``exact``/``causal_exact`` store h × n × n weights: 2 GiB at n = 8,192 (25 GiB at 16,384), and
   the backward keeps them and their gradients (8.6 GiB at n = 8,192 forward+backward);
 - the prefix-sum forms (``causal_linear``, ``causal_performer``) store all n states of f × e
-  per head: 128 KiB per token for elu+1 (f = 64), 512 KiB for FAVOR+ (m = 256), and autograd
-  keeps them and their gradients.
+  per head: 128 KiB per token for elu+1 (f = 64), 512 KiB for FAVOR+ (m = 256; 1 GiB of
+  states at n = 2,048, and a call of seconds), and autograd keeps them and their gradients.
 
 Linformer runs at k = 128 and FAVOR+ at m = 256 throughout; at n = 512, MiniLM's length, k and m
 are swept too (k = 32 … 256, m = 32 … 512): the cost axis of lesson 09's error-against-cost figure.
@@ -64,7 +64,7 @@ def _powers(low, high):
 
 
 NS = _powers(256, 16384)  # 256, 512, …, 16,384
-UP_TO_8K, UP_TO_4K, UP_TO_2K = NS[:6], NS[:5], NS[:4]
+UP_TO_8K, UP_TO_4K, UP_TO_2K, UP_TO_1K = NS[:6], NS[:5], NS[:4], NS[:3]
 
 # Fast enough and small enough at every n.
 LINEAR_TIME = ("sdpa", "linformer", "linear", "performer", "causal_sdpa", "causal_linear_chunked",
@@ -76,11 +76,11 @@ GRID = Preset(
     parts=(
         Part(("exact", "causal_exact"), UP_TO_8K),
         Part(LINEAR_TIME + ("causal_linear",), NS),
-        Part(("causal_performer",), UP_TO_4K),
+        Part(("causal_performer",), UP_TO_2K),
         Part(("exact", "causal_exact"), UP_TO_4K, "forward+backward"),
         Part(LINEAR_TIME, NS, "forward+backward"),
         Part(("causal_linear",), UP_TO_8K, "forward+backward"),
-        Part(("causal_performer",), UP_TO_2K, "forward+backward"),
+        Part(("causal_performer",), UP_TO_1K, "forward+backward"),
         # Error against cost (lesson 09): Linformer's k and FAVOR+'s m swept at MiniLM's length.
         Part(("linformer", "performer"), (512,), ks=(32, 64, 128, 256), ms=(32, 64, 128, 256, 512)),
     ),
