@@ -19,7 +19,7 @@ import torch
 
 from course_lib import bench
 from course_lib.bench import generation, measure
-from course_lib.torch.linear import causal_linear_attention
+from course_lib.torch.linear import DEFAULT_CHUNK_SIZE, causal_linear_attention
 from tests.conftest import HAS_CUDA, requires_cuda
 
 # n = 1024 keeps each subprocess fast; exact attention's scores alone are h·n²·4 bytes = 4 MiB per head.
@@ -310,10 +310,11 @@ def test_grid_preset_holds_every_variant_the_lessons_compare_in_one_setting():
     largest = {}
     for c in cases:
         largest[c.variant, c.mode] = max(largest.get((c.variant, c.mode), 0), c.n)
-    for variant in ("sdpa", "linformer", "linear", "performer", "causal_sdpa", "causal_linear_chunked",
-                    "causal_performer_chunked"):  # lessons 06, 08, 09: every n, both modes
+    for variant in ("sdpa", "linformer", "linear", "performer", "causal_sdpa", "causal_linear",
+                    "causal_performer"):  # lessons 06, 08, 09: every n, both modes (the causal ones chunked)
         assert largest[variant, "forward"] == largest[variant, "forward+backward"] == 16384, variant
-    assert largest["exact", "forward"] == 8192 and largest["causal_linear", "forward"] == 16384
+    assert largest["exact", "forward"] == 8192 and largest["causal_linear_prefix", "forward"] == 16384
+    assert {c.chunk for c in cases if c.variant in ("causal_linear", "causal_performer")} == {DEFAULT_CHUNK_SIZE}
     assert {c.k for c in cases if c.variant == "linformer" and c.n != 512} == {128}
     assert {c.m for c in cases if "performer" in c.variant and c.n != 512} == {256}
     # At n = 512, the cost axis of lesson 09's error against cost: k and m swept (forward).

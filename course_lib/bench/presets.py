@@ -11,7 +11,9 @@ stops it on this course's 2-core, 23 GiB machine:
 
 - ``exact``/``causal_exact`` store h × n × n weights: 2 GiB at n = 8,192 (25 GiB at 16,384), and
   the backward keeps them and their gradients (8.6 GiB at n = 8,192 forward+backward);
-- the prefix-sum forms (``causal_linear``, ``causal_performer``) store all n states of f × e
+- the prefix-sum forms (``causal_linear_prefix``, ``causal_performer_prefix``: the teaching
+  form, ``chunk_size=None``; ``causal_linear`` and ``causal_performer`` are the library's default
+  call, chunked, whose memory is linear in n) store all n states of f × e
   per head: 128 KiB per token for elu+1 (f = 64), 512 KiB for FAVOR+ (m = 256; 1 GiB of
   states at n = 2,048, and a call of seconds), and autograd keeps them and their gradients.
 
@@ -66,21 +68,20 @@ def _powers(low, high):
 NS = _powers(256, 16384)  # 256, 512, …, 16,384
 UP_TO_8K, UP_TO_4K, UP_TO_2K, UP_TO_1K = NS[:6], NS[:5], NS[:4], NS[:3]
 
-# Fast enough and small enough at every n.
-LINEAR_TIME = ("sdpa", "linformer", "linear", "performer", "causal_sdpa", "causal_linear_chunked",
-               "causal_performer_chunked")
+# Fast enough and small enough at every n; the causal linear forms as the library calls them by default (chunked).
+LINEAR_TIME = ("sdpa", "linformer", "linear", "performer", "causal_sdpa", "causal_linear", "causal_performer")
 
 GRID = Preset(
     about="lessons 06, 08, 09: every variant, forward and forward+backward, n = 256 … 16,384, h = 8",
     csv="bench_grid_cpu.csv",
     parts=(
         Part(("exact", "causal_exact"), UP_TO_8K),
-        Part(LINEAR_TIME + ("causal_linear",), NS),
-        Part(("causal_performer",), UP_TO_2K),
+        Part(LINEAR_TIME + ("causal_linear_prefix",), NS),
+        Part(("causal_performer_prefix",), UP_TO_2K),
         Part(("exact", "causal_exact"), UP_TO_4K, "forward+backward"),
         Part(LINEAR_TIME, NS, "forward+backward"),
-        Part(("causal_linear",), UP_TO_8K, "forward+backward"),
-        Part(("causal_performer",), UP_TO_1K, "forward+backward"),
+        Part(("causal_linear_prefix",), UP_TO_8K, "forward+backward"),
+        Part(("causal_performer_prefix",), UP_TO_1K, "forward+backward"),
         # Error against cost (lesson 09): Linformer's k and FAVOR+'s m swept at MiniLM's length.
         Part(("linformer", "performer"), (512,), ks=(32, 64, 128, 256), ms=(32, 64, 128, 256, 512)),
     ),
