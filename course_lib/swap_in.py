@@ -3,19 +3,24 @@
 Implements notebook 09, Section 9.4.  Each ``*_kernel`` function returns an attention kernel with
 ``softmax_attention``'s signature ``fn(q, k, v, *, causal=False, key_mask=None)``, ``q, k, v
 (b, h, n, d)`` and ``key_mask (b, 1, s)``, ready for ``MiniLM.with_attention``.  The trained
-weights stay as they are: no variant is fine-tuned, so the cosine measures how well the kernel
-imitates softmax attention inside a network that was trained with softmax attention.
+weights stay as they are: no variant is fine-tuned, so the scores measure how well the kernel
+imitates softmax attention inside a network that was trained with softmax attention.  Two
+controls bracket them: ``zero_kernel`` (the attention outputs nothing) and ``uniform_kernel``
+(every query takes the mean of the values).
 
     model = load_minilm()
     kernel = linformer_kernel(*gaussian_projections(128, 256, rng))
-    embedding_cosines(model, kernel, texts, max_length=256)     # one cosine per text
+    swapped = embeddings(model.with_attention(kernel), texts, max_length=256)
+    embedding_scores(swapped, embeddings(model, texts, max_length=256))   # cosine and its controls
 """
+
+import copy
 
 import numpy as np
 import torch
 
 from course_lib.numpy import jl
-from course_lib.torch.full import attention_weights
+from course_lib.torch.full import attention_weights, softmax_attention
 from course_lib.torch.linear import elu_feature_map, linear_attention
 from course_lib.torch.linformer import linformer_attention, mean_pooling
 from course_lib.torch.performer import performer_attention, random_matrix
@@ -44,24 +49,44 @@ def gaussian_projections(k, n, rng):
     return (torch.from_numpy(jl.gaussian_projection(k, n, rng)), torch.from_numpy(jl.gaussian_projection(k, n, rng)))
 
 
-def svd_optimal_kernel(k_proj):
-    """The oracle P V_kᵀ V_k v, V_k the top-k right singular vectors of each exact P. Notebook 09, Section 9.4.
+def eckart_young_kernel(k_proj):
+    """The oracle P_k v: each exact P truncated to rank k (Eckart–Young). Notebook 09, Section 9.4.
 
-    Not a fast method: it needs the n × s matrix P of every head and input (notebook 04,
-    Section 4.4, "SVD-optimal for P").  It shows what k positions could give at best when the
-    projection may depend on the input.  The SVD runs in float64: the tail singular values of
-    a softmax matrix are far below float32 resolution and would make the basis arbitrary.
-    The top right singular vectors of P are the top eigenvectors of Pᵀ P (``eigh`` is several
-    times faster than an SVD here, and the top eigenvalues are well separated from round-off).
+    P_k = P V_k V_kᵀ, V_k the top-k right singular vectors of that head's P for that input: the
+    best rank-k approximation of P in Frobenius norm (Eckart–Young).  Not Linformer and not a
+    fast method: it needs the n × s matrix P of every head and input (notebook 04, Section 4.4,
+    "SVD-optimal for P"), and its k directions are mixtures of all s positions chosen anew for
+    every input, where Linformer's E is one fixed k × n matrix.  It shows what rank k could give
+    at best.  The SVD runs in float64: the tail singular values of a softmax matrix are far below
+    float32 resolution and would make the basis arbitrary.  The top right singular vectors of P
+    are the top eigenvectors of Pᵀ P (``eigh`` is several times faster than an SVD here, and the
+    top eigenvalues are well separated from round-off).
     """
-    def svd_optimal(q, k, v, *, causal=False, key_mask=None):
+    def eckart_young(q, k, v, *, causal=False, key_mask=None):
         _encoder_only(causal)
         P = attention_weights(q, k, key_mask=key_mask).double()  # (b, h, n, s)
         vectors = torch.linalg.eigh(P.transpose(-1, -2) @ P)[1]  # (b, h, s, s), eigenvalues ascending
         top = vectors[..., -k_proj:].transpose(-1, -2)  # (b, h, k, s)
         v = v.double() if key_mask is None else v.double().masked_fill(~key_mask[..., :, None], 0.0)
         return (P @ top.transpose(-1, -2) @ (top @ v)).to(q.dtype)  # (b, h, n, e)
-    return svd_optimal
+    return eckart_young
+
+
+def zero_kernel():
+    """The control "attention outputs nothing": every layer keeps only its residual path. Notebook 09, Section 9.4."""
+    def zero(q, k, v, *, causal=False, key_mask=None):
+        return v.new_zeros(*v.shape[:-2], q.shape[-2], v.shape[-1])  # (b, h, n, e)
+    return zero
+
+
+def uniform_kernel():
+    """The control "uniform attention": each query takes the mean of the real values. Notebook 09, Section 9.4."""
+    def uniform(q, k, v, *, causal=False, key_mask=None):
+        _encoder_only(causal)
+        weights = torch.ones_like(v[..., :1]) if key_mask is None else key_mask[..., :, None].to(v.dtype)  # (.., s, 1)
+        mean = (v * weights).sum(dim=-2, keepdim=True) / weights.sum(dim=-2, keepdim=True)  # (b, h, 1, e)
+        return mean.expand(*v.shape[:-2], q.shape[-2], v.shape[-1])  # (b, h, n, e)
+    return uniform
 
 
 def linear_kernel(feature_map=elu_feature_map):
@@ -80,6 +105,43 @@ def performer_kernel(m, d, rng):
         _encoder_only(causal)
         return performer_attention(q, k, v, omega.to(dtype=q.dtype, device=q.device), key_mask=key_mask)
     return performer
+
+
+def with_module(model, make, *, layers=None):
+    """A copy of ``model`` whose attention modules are replaced by ``make(layer.attention)``. Notebook 09, Section 9.4.
+
+    ``make`` builds a module from a layer's ``MultiHeadAttention`` — e.g. ``LinearAttention.from_attention``
+    of ``course_lib.torch.modules``, which copies its projections — called as ``module(x, key_mask=mask)``
+    with ``x (b, n, d_model)`` and ``mask (b, n)``.  ``layers``: 0-based indices to replace (default: all).
+    """
+    if not callable(make):
+        raise TypeError(f"make must build a module from a layer's attention, got {type(make).__name__}.")
+    chosen = range(len(model.layers)) if layers is None else list(layers)
+    if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(model.layers) for i in chosen):
+        raise ValueError(f"layers must be indices from 0 to {len(model.layers) - 1}, got {layers!r}.")
+    other = copy.deepcopy(model)
+    other.attention_fn = None  # the modules carry their own attention
+    for i in chosen:
+        other.layers[i].attention = make(other.layers[i].attention)
+    return other.eval()
+
+
+@torch.inference_mode()
+def attention_inputs(model, texts, *, max_length=256):
+    """Every layer's ``(q, k, v, key_mask)`` of the exact model on ``texts``. Notebooks 08 and 09.
+
+    ``q, k, v (b, h, n, d)`` are what each layer's kernel receives (after the projections and the
+    head split), ``key_mask (b, 1, n)`` is True on real tokens; texts are cut to ``max_length``.
+    """
+    captured = []
+
+    def capture(q, k, v, *, causal=False, key_mask=None):
+        captured.append((q, k, v, key_mask))
+        return softmax_attention(q, k, v, causal=causal, key_mask=key_mask)
+
+    token_ids, key_mask = model.tokenize(list(texts), max_length=max_length, truncate=True)  # (b, n) each
+    model.with_attention(capture)(token_ids, key_mask)
+    return captured
 
 
 @torch.inference_mode()
@@ -159,7 +221,10 @@ def embedding_scores(swapped, exact):
         ``control``: mean cos(swapped_i, exact_j) over j ≠ i — what ``cosine`` is worth with the wrong text;
         ``centred_cosine``: ``cosine`` after each set is centred on its own mean embedding, so that a
         direction shared by every text (a collapsed model) earns nothing;
-        ``identification``: share of texts whose swapped embedding is closest to its own exact one.
+        ``identification``: share of texts whose swapped embedding is closest to its own exact one;
+        ``between_texts``: mean cosine between the swapped embeddings of different texts (the exact
+        model's own value is ``between_texts(exact)``): how far the variant collapses every text
+        towards one direction.
     """
     swapped, exact = np.asarray(swapped, np.float64), np.asarray(exact, np.float64)
     if swapped.shape != exact.shape or swapped.ndim != 2 or len(swapped) < 2:
@@ -172,17 +237,33 @@ def embedding_scores(swapped, exact):
     return {"cosine": float(np.trace(cross) / t),
             "control": float((cross.sum() - np.trace(cross)) / (t * (t - 1))),
             "centred_cosine": float(np.einsum("td,td->t", *centred).mean()),
-            "identification": retrieval_top1(swapped, exact)}
+            "identification": retrieval_top1(swapped, exact),
+            "between_texts": between_texts(swapped)}
+
+
+def between_texts(embeddings):
+    """Mean cosine between the unit embeddings ``(t, d_model)`` of *different* texts: near 1 is a collapse."""
+    embeddings = np.asarray(embeddings, np.float64)
+    t = len(embeddings)
+    gram = embeddings @ embeddings.T  # (t, t)
+    return float((gram.sum() - np.trace(gram)) / (t * (t - 1)))
+
+
+TRUNCATED_P = "rank-k truncation of P (oracle)"
+CONTROLS = ("attention output zero", "uniform attention (mean of V)")
 
 
 def swap_in_settings(n, d, *, ks=(32, 64, 128), ms=(64, 256), seed=0):
     """The variants and settings of notebook 09's table: ``[(variant, setting, kernel), ...]``.
 
-    Linformer's random E, F and FAVOR+'s ω come from one seeded generator each, drawn here.
+    The two controls first (zero output, uniform attention), then the Eckart–Young oracle, the
+    Linformer and linear variants and FAVOR+.  Linformer's random E, F and FAVOR+'s ω come from
+    one seeded generator each, drawn here.
     """
     rng = np.random.default_rng(seed)
     generator = torch.Generator().manual_seed(seed)
-    rows = [("Linformer, SVD-optimal (oracle)", f"k = {k}", svd_optimal_kernel(k)) for k in ks]
+    rows = [(CONTROLS[0], "–", zero_kernel()), (CONTROLS[1], "–", uniform_kernel())]
+    rows += [(TRUNCATED_P, f"rank {k}", eckart_young_kernel(k)) for k in ks]
     rows += [("Linformer, mean pooling E = F", f"k = {k}", linformer_kernel(mean_pooling(k, n), mean_pooling(k, n)))
              for k in ks]
     rows += [("Linformer, Gaussian E, F", f"k = {k}", linformer_kernel(*gaussian_projections(k, n, rng))) for k in ks]

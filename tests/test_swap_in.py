@@ -41,19 +41,19 @@ def test_a_bad_kernel_moves_the_embeddings(model):
     assert swap_in.embedding_cosines(model, uniform, TEXTS, max_length=64).min() < 0.9
 
 
-def test_svd_optimal_with_all_positions_is_exact():
+def test_eckart_young_with_all_positions_is_exact():
     q, k, v = qkv()
     mask = torch.ones(2, 1, 16, dtype=torch.bool)
     mask[1, :, 10:] = False
     # k = s keeps every singular direction: P Vᵀ V v = P v up to float64 round-off.
-    out = swap_in.svd_optimal_kernel(16)(q, k, v, key_mask=mask)
+    out = swap_in.eckart_young_kernel(16)(q, k, v, key_mask=mask)
     torch.testing.assert_close(out, softmax_attention(q, k, v, key_mask=mask), atol=1e-10, rtol=0)
 
 
-def test_svd_optimal_error_falls_with_k():
+def test_eckart_young_error_falls_with_k():
     q, k, v = qkv(n=32)
     exact = softmax_attention(q, k, v)
-    errors = [float((swap_in.svd_optimal_kernel(kp)(q, k, v) - exact).norm()) for kp in (2, 8, 32)]
+    errors = [float((swap_in.eckart_young_kernel(kp)(q, k, v) - exact).norm()) for kp in (2, 8, 32)]
     assert errors[0] > errors[1] > errors[2]
 
 
@@ -77,7 +77,7 @@ def test_performer_kernel_uses_one_draw():
     torch.testing.assert_close(kernel(q, k, v), kernel(q, k, v))  # no redraw between calls
 
 
-@pytest.mark.parametrize("kernel", [swap_in.linear_kernel(), swap_in.svd_optimal_kernel(4),
+@pytest.mark.parametrize("kernel", [swap_in.linear_kernel(), swap_in.eckart_young_kernel(4),
                                     swap_in.linformer_kernel(mean_pooling(4, 16), mean_pooling(4, 16))])
 def test_causal_is_refused(kernel):
     q, k, v = qkv()
@@ -92,8 +92,8 @@ def test_texts_must_be_a_list(model):
 
 def test_settings_cover_every_variant():
     names = {row[0] for row in swap_in.swap_in_settings(32, 8, ks=(4,), ms=(8,))}
-    assert names == {"Linformer, SVD-optimal (oracle)", "Linformer, mean pooling E = F", "Linformer, Gaussian E, F",
-                     "linear, elu+1", "FAVOR+"}
+    assert names == {*swap_in.CONTROLS, swap_in.TRUNCATED_P, "Linformer, mean pooling E = F",
+                     "Linformer, Gaussian E, F", "linear, elu+1", "FAVOR+"}
 
 
 def _unit(x):
@@ -143,3 +143,49 @@ def test_with_attention_swaps_only_the_chosen_layers(model):
     assert model.layers[2].attention.attention is not counting  # the original is untouched
     with pytest.raises(ValueError, match="layers must be indices"):
         model.with_attention(counting, layers=[6])
+
+
+def test_controls_zero_and_uniform():
+    q, k, v = qkv(b=1, n=6)
+    mask = torch.tensor([[[True, True, True, True, False, False]]])  # (1, 1, s)
+    assert swap_in.zero_kernel()(q, k, v).abs().max() == 0
+    out = swap_in.uniform_kernel()(q, k, v, key_mask=mask)
+    torch.testing.assert_close(out, v[..., :4, :].mean(dim=-2, keepdim=True).expand_as(out))
+    # uniform attention is softmax attention with all-zero scores
+    torch.testing.assert_close(out, softmax_attention(0 * q, k, v, key_mask=mask))
+
+
+def test_between_texts_sees_a_collapse():
+    rng = np.random.default_rng(1)
+    spread = _unit(rng.normal(size=(8, 32)))
+    collapsed = _unit(np.ones((8, 32)) + 0.01 * rng.normal(size=(8, 32)))
+    assert abs(swap_in.between_texts(spread)) < 0.3 and swap_in.between_texts(collapsed) > 0.99
+    assert swap_in.embedding_scores(spread, spread)["between_texts"] == pytest.approx(swap_in.between_texts(spread))
+
+
+def test_attention_inputs_are_what_the_kernel_sees(model):
+    captured = swap_in.attention_inputs(model, TEXTS[:2], max_length=16)
+    assert len(captured) == model.config.n_layers
+    q, k, v, key_mask = captured[0]
+    assert q.shape == k.shape == v.shape and q.shape[:2] == (2, model.config.n_heads)
+    assert key_mask.shape == (2, 1, q.shape[2]) and not key_mask[1].all()  # the second text is padded
+    token_ids, mask = model.tokenize(TEXTS[:2], max_length=16, truncate=True)
+    x = model.embeddings(token_ids)
+    torch.testing.assert_close(q, model.layers[0].attention.q_proj(x).unflatten(-1, (12, -1)).transpose(1, 2))
+
+
+def test_with_module_replaces_the_attention_modules(model):
+    import copy
+
+    made = []
+
+    def make(attention):  # a copy of the layer's own attention: the embeddings must not move
+        made.append(attention)
+        return copy.deepcopy(attention)
+
+    swapped = swap_in.with_module(model, make, layers=[0, 5])
+    assert len(made) == 2 and swapped.layers[1].attention is not made[0]
+    np.testing.assert_allclose(swap_in.embeddings(swapped, TEXTS, max_length=32),
+                               swap_in.embeddings(model, TEXTS, max_length=32), atol=1e-6)
+    with pytest.raises(ValueError, match="layers must be indices"):
+        swap_in.with_module(model, make, layers=[-1])
