@@ -187,17 +187,21 @@ def test_chunked_gradients_equal_prefix_sum_gradients(one_thread):
 
 
 MEMORY_SCRIPT = """
-import json, torch
+import json, sys, torch
 from course_lib.bench import peak_memory
 from course_lib.torch.linear import causal_linear_attention
+from course_lib.torch.performer import performer_attention, random_matrix
 torch.set_num_threads(1)
 gen = torch.Generator().manual_seed(0)
-def peak(n, chunk_size):
+omega = random_matrix(128, 64, gen, dtype=torch.float32)  # (f, d)
+CALLS = {"linear": lambda q, k, v, **options: causal_linear_attention(q, k, v, **options),
+         "favor": lambda q, k, v, **options: performer_attention(q, k, v, omega, causal=True, **options)}
+def peak(kernel, n, **options):  # options: none at all for the default call
     q, k, v, grad = (torch.randn(1, 2, n, 64, generator=gen) for _ in range(4))  # (b, h, n, d)
     def call():
         for x in (q, k, v):
             x.grad = None
-        causal_linear_attention(q, k, v, chunk_size=chunk_size).backward(grad)
+        CALLS[kernel](q, k, v, **options).backward(grad)
     for x in (q, k, v):
         x.requires_grad_()
     peaks = []
@@ -206,23 +210,43 @@ def peak(n, chunk_size):
             x.grad = None
         peaks.append(peak_memory(call, "cpu")[0])
     return min(peaks)
-peak(512, 64)  # warm-up: first-call allocations of the thread pool and the allocator
-print(json.dumps({"chunked_2048": peak(2048, 64), "chunked_8192": peak(8192, 64), "prefix_2048": peak(2048, None)}))
+kernel = sys.argv[1]
+peak(kernel, 512)  # warm-up: first-call allocations of the thread pool and the allocator
+print(json.dumps({"default_2048": peak(kernel, 2048), "default_8192": peak(kernel, 8192),
+                  "prefix_2048": peak(kernel, 2048, chunk_size=None)}))
 """
 
 
-def test_chunked_memory_grows_linearly_and_stays_far_below_the_prefix_sum_states():
-    done = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT], capture_output=True, text=True, cwd=ROOT,
-                          timeout=300, check=True)
+@pytest.mark.parametrize("kernel, f", [("linear", 64), ("favor", 128)])
+def test_default_causal_memory_grows_linearly_and_stays_far_below_the_prefix_sum_states(kernel, f):
+    done = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, kernel], capture_output=True, text=True, cwd=ROOT,
+                          timeout=600, check=True)
     peaks = json.loads(done.stdout.strip().splitlines()[-1])
-    states_bytes = lambda n: 2 * n * 64 * 64 * 4  # (b·h, n, f, e) float32: what autograd of cumsum keeps
+    states_bytes = lambda n: 2 * n * f * 64 * 4  # (b·h, n, f, e) float32: what autograd of cumsum keeps
     # Linear growth gives a ratio of 4 for 4× n; 4.5 leaves room for the page-granular measurement
     # (4 KiB pages, < 1 MiB of Python objects on peaks of tens of MiB); n·log n would still pass, n² would not.
-    assert peaks["chunked_8192"] / peaks["chunked_2048"] <= 4.5
-    # Measured: the chunked peak is ≈ 0.19 of the states (about 12 (n, d)-sized tensors: inputs' grads,
-    # features, outputs, two (n, c) score blocks); the prefix-sum peak is ≈ 4× them.
-    assert peaks["chunked_8192"] < 0.3 * states_bytes(8192)
-    assert peaks["prefix_2048"] >= states_bytes(2048)  # the naive form does keep them: the test can tell
+    assert peaks["default_8192"] / peaks["default_2048"] <= 4.5, peaks
+    # Measured for elu+1: the default's peak is ≈ 0.19 of the states (about 12 (n, d)-sized tensors: inputs'
+    # grads, features, outputs, two (n, c) score blocks); the prefix-sum peak is ≈ 4× them.
+    assert peaks["default_8192"] < 0.3 * states_bytes(8192), peaks
+    assert peaks["prefix_2048"] >= states_bytes(2048), peaks  # the naive form does keep them: the test can tell
+
+
+def test_default_numpy_causal_forward_memory_grows_linearly():
+    import tracemalloc
+
+    def peak(n, **options):
+        q, k, v = (np.random.default_rng(0).standard_normal((2, n, 32)) for _ in range(3))  # (h, n, d)
+        tracemalloc.start()  # NumPy reports its array buffers to tracemalloc
+        np_lin.causal_linear_attention(q, k, v, **options)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        return peak
+
+    states_bytes = 2 * 2048 * 32 * 32 * 8  # (h, n, f, e) float64: the prefix sums' forward holds them all
+    assert peak(8192) / peak(2048) <= 4.5  # linear: 4; the bound as in the torch test above
+    assert peak(8192) < 0.5 * states_bytes * 4
+    assert peak(2048, chunk_size=None) >= states_bytes  # the teaching form does hold them: the test can tell
 
 
 # --- half precision -------------------------------------------------------------------------
@@ -339,12 +363,46 @@ def test_a_feature_map_that_is_not_positive_is_refused(tree, rng, which):
         calls[which]()
 
 
-def test_signed_features_with_a_negative_normaliser_are_refused(tree):
-    phi_q, phi_k, v = tree.arrays(np.ones((2, 2)), -np.ones((2, 2)), np.ones((2, 3)))
-    for call in (lambda: tree.linear.linear_attention_from_features(phi_q, phi_k, v),
-                 lambda: tree.linear.causal_linear_attention_from_features(phi_q, phi_k, v, chunk_size=1)):
-        with pytest.raises(ValueError, match="normaliser .* is negative"):
-            call()
+@pytest.mark.parametrize("causal", [False, True])
+def test_features_with_negative_entries_are_refused_by_name(tree, causal):
+    # A negative entry whose weights still sum positive: the old normaliser check alone let it through.
+    phi = np.ones((3, 2))
+    signed = phi.copy()
+    signed[0, 1] = -0.5
+    call = (tree.linear.causal_linear_attention_from_features if causal
+            else tree.linear.linear_attention_from_features)
+    v = tree.array(np.ones((3, 2)))
+    for name, (phi_q, phi_k) in (("phi_q", (signed, phi)), ("phi_k", (phi, signed))):
+        with pytest.raises(ValueError, match=f"{name} must be non-negative features, but has entries down to -0.5.*"
+                                             "allow_negative=True"):
+            call(*tree.arrays(phi_q, phi_k), v)
+
+
+@pytest.mark.parametrize("chunk_size", [None, 2, "default"])
+def test_allow_negative_divides_by_the_signed_normaliser(tree, rng, chunk_size):
+    phi_q, phi_k, v = rng.standard_normal((5, 3)), rng.standard_normal((5, 3)), rng.standard_normal((5, 2))
+    kernel = phi_q @ phi_k.T  # (n, s), mixed signs
+    expected = kernel @ v / kernel.sum(-1, keepdims=True)  # eps = 0: the signed ratio exactly
+    plain = tree.linear.linear_attention_from_features(*tree.arrays(phi_q, phi_k, v), eps=0.0, allow_negative=True)
+    np.testing.assert_allclose(tree.numpy(plain), expected, rtol=1e-10)
+    options = {} if chunk_size == "default" else {"chunk_size": chunk_size}
+    causal = tree.linear.causal_linear_attention_from_features(*tree.arrays(phi_q, phi_k, v), eps=0.0,
+                                                               allow_negative=True, **options)
+    np.testing.assert_allclose(tree.numpy(causal), np.tril(kernel) @ v / np.tril(kernel).sum(-1, keepdims=True),
+                               rtol=1e-10)
+    # A negative normaliser is harmless in itself: flipping the sign of every key feature changes nothing.
+    flipped = tree.linear.linear_attention_from_features(*tree.arrays(phi_q, -phi_k, v), eps=0.0, allow_negative=True)
+    np.testing.assert_allclose(tree.numpy(flipped), expected, rtol=1e-10)
+
+
+def test_the_default_causal_call_is_the_chunked_form(tree):
+    import inspect
+
+    functions = [tree.linear.causal_linear_attention, tree.linear.causal_linear_attention_from_features,
+                 tree.performer.performer_attention]
+    for fn in functions:
+        assert inspect.signature(fn).parameters["chunk_size"].default == tree.linear.DEFAULT_CHUNK_SIZE, fn
+    assert isinstance(tree.linear.DEFAULT_CHUNK_SIZE, int) and tree.linear.DEFAULT_CHUNK_SIZE >= 1
 
 
 def test_bad_step_state(tree):

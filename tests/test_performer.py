@@ -81,6 +81,30 @@ def test_row_norms_chi_versus_sqrt_d(tree):
     np.testing.assert_allclose(np.linalg.norm(iid_sqrt_d, axis=-1), np.sqrt(d), rtol=1e-12)
 
 
+def test_sqrt_d_norms_make_a_biased_estimator_of_the_softmax_kernel(tree):
+    from scipy.special import gammaln, ive
+
+    d, m, r = 16, 64, 4000
+    rng = np.random.default_rng(0)
+    x, y = (0.3 * rng.standard_normal(d) for _ in range(2))  # exp(xᵀy) = 1.25, ‖x + y‖ = 1.5
+    exact = np.exp(x @ y)
+    # E over ω of φ(x)·φ(y) with every ‖ω_i‖ = √d: the mean of exp(√d uᵀz) over unit u (a Bessel function)
+    nu, t = d / 2 - 1, np.sqrt(d) * np.linalg.norm(x + y)
+    fixed_norm = np.exp(gammaln(d / 2) + nu * np.log(2 / t) + np.log(ive(nu, t)) + t - (x @ x + y @ y) / 2)
+    means = {}
+    for scaling, seed in (("chi", 10), ("sqrt_d", 20)):
+        omegas = _omega(tree, r * m, d, seed, scaling=scaling).reshape(r, m, d)  # r draws of 4 whole blocks
+        estimates = _estimates(tree, "positive", x, y, omegas)
+        means[scaling] = (estimates.mean(), estimates.std() / np.sqrt(r))
+    (chi, chi_se), (sqrt_d, sqrt_d_se) = means["chi"], means["sqrt_d"]
+    # 5 standard errors around each expectation: a false failure has probability < 1e-6 for a normal
+    # mean of 4000 draws (over 8 input pairs tried, both stayed within 2 SE); the bias is 6 % of exp(xᵀy)
+    # here, 13-52 standard errors of the sqrt_d mean over those pairs, so 10 SE is a wide margin.
+    assert abs(chi - exact) < 5 * chi_se
+    assert abs(sqrt_d - fixed_norm) < 5 * sqrt_d_se
+    assert exact - sqrt_d > 10 * sqrt_d_se and fixed_norm < 0.95 * exact
+
+
 def test_the_generator_is_the_only_source_of_randomness(tree):
     np.testing.assert_array_equal(_omega(tree, 20, 8, seed=3), _omega(tree, 20, 8, seed=3))
     assert not np.allclose(_omega(tree, 20, 8, seed=3), _omega(tree, 20, 8, seed=4))

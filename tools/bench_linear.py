@@ -1,19 +1,25 @@
-"""Measure the acceptance figures of ``course_lib.torch.linear`` (notebook 06's chunked causal form).
+"""Measure the chunk size of the chunked causal forms: the sweep behind ``DEFAULT_CHUNK_SIZE``.
 
-    .venv/bin/python tools/bench_linear.py [--n 16384] [--chunks 32 64 128 256] [--repeats 5]
+    .venv/bin/python tools/bench_linear.py --n 1024 4096 16384 --chunks 16 32 64 128 256 --rounds 3
 
 Forward+backward (a fixed random output gradient back-propagated to q, k and v), float32,
-``(b, h, n, d) = (1, 4, n, 64)``, e = d:
+``(b, h, d) = (1, 4, 64)``, e = d, one thread, for the two causal kernels that share the
+default: ``causal_linear_attention`` (elu+1, f = d = 64 features) and
+``performer_attention(causal=True)`` (FAVOR+, f = m = 256 features).
 
-* **time**: every case is timed in this one process, the cases interleaved repeat by repeat
-  (so a busy neighbour on a shared machine slows them alike); the minimum is reported;
-* **peak memory**: each case once more in a fresh subprocess with ``course_lib.bench.peak_memory``
-  (VmHWM after ``clear_refs`` on Linux), so no case inherits another's allocations; one thread
-  (see ``worker``); it counts everything the call allocates, the gradients of q, k, v included;
-* the per-token cost of ``linear_attention_step`` at positions 16 and 4,096 (one thread,
-  interleaved, the minimum over many batches of calls).
+* **time**: at each n every chunk size is timed in this one process, the chunk sizes
+  interleaved call by call, ``--repeats`` calls each; the whole sweep runs ``--rounds`` times
+  and the minimum over every call is kept: on a machine shared with other work the least
+  disturbed call is the best estimate of the undisturbed time.  Time is the process's CPU
+  time (one thread, so it excludes waiting for a core) and the wall time is printed beside it;
+* **peak memory** (``--memory``): each case once more in a fresh subprocess with
+  ``course_lib.bench.peak_memory``, so no case inherits another's allocations;
+* the NumPy tree's forward at the same n and chunk sizes (``--numpy``);
+* the two kernel choices of ``course_lib/torch/_causal_linear.py`` (``--kernels``).
 
-A benchmark, not a test: the figures depend on the machine; the script prints them and the ratios.
+The printed table ranks the chunk sizes by the sum over n of each time relative to the best
+time at that n, per kernel; ``DEFAULT_CHUNK_SIZE`` in ``course_lib/numpy/linear.py`` is the
+best of that ranking.  A benchmark, not a test: the figures depend on the machine.
 """
 
 import argparse
@@ -22,37 +28,36 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import torch
 
 from course_lib import bench
-from course_lib.torch import linear
+from course_lib.numpy import linear as np_linear
+from course_lib.torch import linear, performer
 
-SHAPE = dict(b=1, h=4, d=64)
+SHAPE = dict(b=1, h=4, d=64, m=256)
+KERNELS = ("linear", "favor+")
 
 
 def inputs(n, seed=0):
-    """``q, k, v`` (leaves needing gradients) and the output gradient, ``(b, h, n, d)`` float32."""
+    """``q, k, v`` (leaves needing gradients), the output gradient ``(b, h, n, d)`` float32, and ω ``(m, d)``."""
     gen = torch.Generator().manual_seed(seed)
     q, k, v, grad = (torch.randn(SHAPE["b"], SHAPE["h"], n, SHAPE["d"], generator=gen) for _ in range(4))
-    return [x.requires_grad_() for x in (q, k, v)], grad
+    omega = performer.random_matrix(SHAPE["m"], SHAPE["d"], gen, dtype=torch.float32)  # (f, d)
+    return [x.requires_grad_() for x in (q, k, v)], grad, omega
 
 
-def attention(case):
-    """The attention call of a case name: ``linear``, ``sdpa_causal``, ``prefix``, ``chunked_<c>``."""
-    if case == "linear":
-        return linear.linear_attention
-    if case == "sdpa_causal":
-        return lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-    if case == "prefix":
-        return lambda q, k, v: linear.causal_linear_attention(q, k, v, chunk_size=None)
-    chunk_size = int(case.removeprefix("chunked_"))
-    return lambda q, k, v: linear.causal_linear_attention(q, k, v, chunk_size=chunk_size)
+def attention(kernel, chunk_size, omega):
+    """The causal call of ``kernel`` with ``chunk_size`` (None: prefix sums)."""
+    if kernel == "linear":
+        return lambda q, k, v: linear.causal_linear_attention(q, k, v, chunk_size=chunk_size)
+    return lambda q, k, v: performer.performer_attention(q, k, v, omega, causal=True, chunk_size=chunk_size)
 
 
-def step_call(case, n):
-    """A no-argument forward+backward call of ``case`` at length n, and a call that drops its gradients."""
-    fn = attention(case)
-    leaves, grad = inputs(n)
+def step_call(kernel, chunk_size, n):
+    """A no-argument forward+backward call, with ``.clear()`` to drop the gradients it leaves."""
+    leaves, grad, omega = inputs(n)
+    fn = attention(kernel, chunk_size, omega)
 
     def clear():
         for leaf in leaves:
@@ -65,137 +70,123 @@ def step_call(case, n):
     return call
 
 
-def worker(case, n, measures=5):
-    """Peak memory of forward+backward, in this (fresh) process: ``{"peak_bytes": ...}``.
-
-    One thread, and the least of a few measured calls: the tensors an algorithm holds do not
-    depend on the thread count, but a threaded BLAS's scratch buffers do; and from call to call
-    the resident set at the peak varies by one or two (b, h, n, d) tensors.
-    """
+def worker(kernel, chunk_size, n, measures=3):
+    """Peak memory of forward+backward in this (fresh) process: the least of ``measures`` calls."""
     torch.set_num_threads(1)
-    call = step_call(case, n)
-    call()  # warm-up: thread pool, first-touch pages
+    call = step_call(kernel, chunk_size, n)
+    call()  # warm-up: first-touch pages, allocator
     peaks = []
     for _ in range(measures):
         call.clear()  # the last call's gradients would be freed inside the measured call
-        peaks.append(bench.peak_memory(call, "cpu"))
-    return {"case": case, "n": n, "peak_bytes": min(p for p, _ in peaks), "method": peaks[0][1]}
+        peaks.append(bench.peak_memory(call, "cpu")[0])
+    return {"peak_bytes": min(peaks)}
 
 
-def isolated_peak(case, n):
-    command = [sys.executable, __file__, "--worker", json.dumps([case, n])]
+def isolated_peak(kernel, chunk_size, n):
+    command = [sys.executable, __file__, "--worker", json.dumps([kernel, chunk_size, n])]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])["peak_bytes"]
 
 
-def interleaved_times(cases, n, repeats):
-    """``{case: min seconds}`` of forward+backward, cases interleaved within each repeat."""
-    calls = {case: step_call(case, n) for case in cases}
-    times = {case: [] for case in cases}
+def sweep(kernel, n, chunks, repeats, best):
+    """Time every chunk size at n, interleaved; keep in ``best[(kernel, n, c)]`` the least (CPU, wall) seconds."""
+    calls = {c: step_call(kernel, c, n) for c in chunks}
     for call in calls.values():
         call()  # warm-up
     for _ in range(repeats):
-        for case, call in calls.items():
-            start = time.perf_counter()
+        for c, call in calls.items():
+            wall, cpu = time.perf_counter(), time.process_time()
             call()
-            times[case].append(time.perf_counter() - start)
-    return {case: min(values) for case, values in times.items()}
+            seconds = (time.process_time() - cpu, time.perf_counter() - wall)
+            old = best.get((kernel, n, c), (float("inf"), float("inf")))
+            best[kernel, n, c] = (min(old[0], seconds[0]), min(old[1], seconds[1]))
 
 
-def step_times(positions=(16, 4096), calls=100, repeats=50):
-    """``{position: seconds per token}`` of ``linear_attention_step`` with a state built over ``position`` tokens.
-
-    One thread: a step is a handful of (h, f, e) = (4, 64, 64) operations, too small to share, and
-    on a busy machine a second thread only adds waiting.
-    """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return _step_times(positions, calls, repeats)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _step_times(positions, calls, repeats):
-    gen = torch.Generator().manual_seed(0)
-    b, h, d = SHAPE["b"], SHAPE["h"], SHAPE["d"]
-    tokens = torch.randn(3, max(positions) + 1, b, h, d, generator=gen)  # q, k, v for every position
-    states = {}
-    with torch.no_grad():
-        state = None
-        for t in range(max(positions)):
-            if t in positions:
-                states[t] = state
-            _, state = linear.linear_attention_step(tokens[0, t], tokens[1, t], tokens[2, t], state)
-        states[max(positions)] = state
-    best = {p: float("inf") for p in positions}
-    with torch.no_grad():
-        for _ in range(repeats):
-            for p in positions:
-                q, k, v = tokens[:, p]
-                start = time.perf_counter()
-                for _ in range(calls):
-                    linear.linear_attention_step(q, k, v, states[p])
-                best[p] = min(best[p], (time.perf_counter() - start) / calls)
+def numpy_forward(n, chunks, repeats):
+    """``{c: least seconds}`` of the NumPy tree's causal forward (float32) at n, interleaved."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((SHAPE["b"], SHAPE["h"], n, SHAPE["d"]), dtype=np.float32) for _ in range(3))
+    best = {c: float("inf") for c in chunks}
+    for _ in range(repeats):
+        for c in chunks:
+            start = time.process_time()
+            np_linear.causal_linear_attention(q, k, v, chunk_size=c)
+            best[c] = min(best[c], time.process_time() - start)
     return best
 
 
-def best_time(fn, repeats=7):
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+def ranking(best, kernel, ns, chunks):
+    """Chunk sizes by Σ_n time(c, n) / min_c time(c, n), best first."""
+    score = {c: sum(best[kernel, n, c][0] / min(best[kernel, n, x][0] for x in chunks) for n in ns) for c in chunks}
+    return sorted(chunks, key=score.get), score
 
 
 def kernel_choices(n, chunk_size=64):
-    """The two measurements behind ``course_lib/torch/_causal_linear.py``'s choices, at length n.
-
-    ``cumsum`` along the chunk axis of the ``(L, g, f·e)`` states against the triangular products
-    of ``_prefix_over_chunks``; ``bmm`` of the chunk blocks with 64 value columns against 65 (a
-    ones column appended to v for the normaliser).
-    """
+    """``cumsum`` over chunks against ``_prefix_over_chunks``'s triangular products; ``bmm`` with e = 64 against 65."""
     from course_lib.torch._causal_linear import _prefix_over_chunks
+
+    def least(fn, repeats=7):
+        fn()
+        return min(_seconds(fn) for _ in range(repeats))
 
     length, g, d = SHAPE["b"] * SHAPE["h"], n // chunk_size, SHAPE["d"]
     states = torch.randn(length * g, d, d)  # (L·g, f, e)
     scores = torch.randn(length * g, chunk_size, chunk_size)  # (L·g, c, c)
     values = {e: torch.randn(length * g, chunk_size, e) for e in (d, d + 1)}  # (L·g, c, e)
-    return {"cumsum over chunks": best_time(lambda: states.reshape(length, g, -1).cumsum(dim=1)),
-            "triangular products": best_time(lambda: _prefix_over_chunks(states, length)),
-            f"bmm, e = {d}": best_time(lambda: torch.bmm(scores, values[d])),
-            f"bmm, e = {d + 1}": best_time(lambda: torch.bmm(scores, values[d + 1]))}
+    return {"cumsum over chunks": least(lambda: states.reshape(length, g, -1).cumsum(dim=1)),
+            "triangular products": least(lambda: _prefix_over_chunks(states, length)),
+            f"bmm, e = {d}": least(lambda: torch.bmm(scores, values[d])),
+            f"bmm, e = {d + 1}": least(lambda: torch.bmm(scores, values[d + 1]))}
+
+
+def _seconds(fn):
+    start = time.process_time()
+    fn()
+    return time.process_time() - start
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=16384)
-    parser.add_argument("--chunks", type=int, nargs="+", default=[32, 64, 128, 256])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--sdpa-repeats", type=int, default=2, help="causal SDPA is slow at large n")
+    parser.add_argument("--n", type=int, nargs="+", default=[1024, 4096, 16384])
+    parser.add_argument("--chunks", type=int, nargs="+", default=[16, 32, 64, 128, 256])
+    parser.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS))
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls per chunk size and round")
+    parser.add_argument("--rounds", type=int, default=3, help="passes over the whole sweep")
+    parser.add_argument("--memory", action="store_true", help="also the peak memory of each case (subprocesses)")
+    parser.add_argument("--numpy", action="store_true", help="also the NumPy tree's forward")
+    parser.add_argument("--kernel-choices", action="store_true", help="also _causal_linear.py's two choices")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    torch.set_num_threads(1)
     if args.worker:
         print(json.dumps(worker(*json.loads(args.worker))), flush=True)
         return 0
-    print(f"hardware: {bench.hardware()}; fwd+bwd float32, b={SHAPE['b']} h={SHAPE['h']} d=e={SHAPE['d']} "
-          f"n={args.n}", flush=True)
-    cases = ["linear"] + [f"chunked_{c}" for c in args.chunks]
-    times = interleaved_times(cases, args.n, args.repeats)
-    times.update(interleaved_times(["sdpa_causal"], args.n, args.sdpa_repeats))
-    peaks = {case: isolated_peak(case, args.n) for case in times}
-    for case in times:
-        print(f"{case:>14}: {bench.format_time(times[case]):>9}  peak {bench.format_bytes(peaks[case]):>9}  "
-              f"time/linear {times[case] / times['linear']:5.2f}  memory/linear {peaks[case] / peaks['linear']:5.2f}  "
-              f"sdpa/this {times['sdpa_causal'] / times[case]:6.1f}")
-    for name, seconds in kernel_choices(args.n).items():
-        print(f"{name:>20}: {bench.format_time(seconds)}")
-    per_token = step_times()
-    first, last = sorted(per_token)
-    print(f"linear_attention_step per token: position {first}: {bench.format_time(per_token[first])}, "
-          f"position {last}: {bench.format_time(per_token[last])}, ratio {per_token[last] / per_token[first]:.2f}")
+    print(f"hardware: {bench.hardware()}; forward+backward float32, b={SHAPE['b']} h={SHAPE['h']} d=e={SHAPE['d']} "
+          f"m={SHAPE['m']}; least of {args.rounds} × {args.repeats} calls", flush=True)
+    best = {}
+    for round_ in range(args.rounds):
+        for n in args.n:
+            for kernel in args.kernels:
+                sweep(kernel, n, args.chunks, args.repeats, best)
+        print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+    for kernel in args.kernels:
+        order, score = ranking(best, kernel, args.n, args.chunks)
+        print(f"\n{kernel}: CPU time (wall) per chunk size; score = Σ_n time / best time at that n (lower is better)")
+        for c in args.chunks:
+            cells = "  ".join(f"n={n}: {bench.format_time(best[kernel, n, c][0]):>8} "
+                              f"({bench.format_time(best[kernel, n, c][1])})" for n in args.n)
+            memory = ""
+            if args.memory:
+                memory = "  peak " + ", ".join(bench.format_bytes(isolated_peak(kernel, c, n)) for n in args.n)
+            print(f"  c={c:>4}: {cells}  score {score[c]:.3f}{memory}")
+        print(f"  best chunk size for {kernel}: {order[0]} (then {', '.join(map(str, order[1:]))})")
+    if args.numpy:
+        for n in args.n:
+            times = numpy_forward(n, args.chunks, args.rounds * args.repeats)
+            print(f"numpy forward n={n}: " + ", ".join(f"c={c} {bench.format_time(t)}" for c, t in times.items()))
+    if args.kernel_choices:
+        for name, seconds in kernel_choices(max(args.n)).items():
+            print(f"{name:>20}: {bench.format_time(seconds)}")
     return 0
 
 

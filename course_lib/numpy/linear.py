@@ -17,7 +17,15 @@ import numpy as np
 from course_lib import _validate
 from course_lib.numpy.full import _check  # shapes, dtypes and the key mask, as for exact attention
 
-DEFAULT_CHUNK_SIZE = 64  # fastest forward+backward of the torch tree at n = 16,384 (tools/bench_linear.py)
+# The chunk size of every causal call that does not name one (both trees, linear attention and
+# causal FAVOR+), measured by
+#     .venv/bin/python tools/bench_linear.py --n 1024 4096 16384 --chunks 16 32 64 128 256 --rounds 3 --memory --numpy
+# (torch forward+backward, b = 1, h = 4, d = 64, elu+1 and FAVOR+ with m = 256, one thread, least CPU time
+# of 9 calls).  c = 64 was the fastest at every n for both: at n = 16,384, elu+1 279 ms against 338 ms
+# (c = 128) and 354 ms (c = 32), FAVOR+ 1.36 s against 1.41 s and 2.21 s; its peak memory is within
+# 25 % of the least (c = 128).  The NumPy forward is as fast with 64 as with 128 (268 ms at n = 16,384).
+# Measured on a shared 2-core AMD EPYC: provisional.  chunk_size=None selects the prefix sums of notebook 06.
+DEFAULT_CHUNK_SIZE = 64
 
 
 def elu_feature_map(x):
@@ -63,15 +71,27 @@ def _features(feature_map, *xs):
     return features
 
 
-def _normalise(numerator, normaliser, eps, dtype):
-    """numerator / (normaliser + eps), refusing a negative normaliser."""
-    if (normaliser < 0).any():
+def _check_signs(allow_negative, *named):
+    """Refuse features with negative entries unless ``allow_negative``: each weight phi(q)·phi(k) must be ≥ 0."""
+    if allow_negative:
+        return
+    for name, phi in named:
+        if phi.size and phi.min() < 0:
+            raise ValueError(f"{name} must be non-negative features, but has entries down to {phi.min():.3g}: "
+                             "the weights phi(q)·phi(k) would have mixed signs and cancel in the normaliser. Use a "
+                             "positive feature map (elu_feature_map), or pass allow_negative=True to divide by a "
+                             "signed normaliser on purpose.")
+
+
+def _normalise(numerator, normaliser, eps, dtype, signed=False):
+    """numerator / (normaliser + eps), refusing a negative normaliser unless ``signed``."""
+    if not signed and (normaliser < 0).any():
         raise ValueError(f"the normaliser phi(q)·sum phi(k) is negative (down to {normaliser.min():.3g}): the "
                          "features must be non-negative; pick a positive feature_map such as elu_feature_map.")
     return (numerator / (normaliser[..., None] + eps)).astype(dtype, copy=False)  # (..., n, e)
 
 
-def linear_attention_from_features(phi_q, phi_k, v, *, eps=1e-6, key_mask=None):
+def linear_attention_from_features(phi_q, phi_k, v, *, eps=1e-6, key_mask=None, allow_negative=False):
     """Non-causal linear attention from features, in O(n·f·e). Notebook 06, Eq. (6.2); Katharopoulos et al. 2020, Eq. 5.
 
     Associativity: phi(q) (phi(k)ᵀ v) never forms the n × s kernel.  Padded keys and values
@@ -83,11 +103,20 @@ def linear_attention_from_features(phi_q, phi_k, v, *, eps=1e-6, key_mask=None):
         v: values ``(..., s, e)``.
         eps: added to the normaliser (absolute).
         key_mask: boolean ``(..., s)``, True where the key is a real token.
+        allow_negative: False refuses features with a negative entry (ValueError naming
+            ``phi_q`` or ``phi_k``); True divides by the signed normaliser as it is (notebook 09's
+            Linformer-projected features, whose weights cancel).
 
     Returns:
         ``(..., n, e)`` in the dtype of ``v``.
     """
     key_mask = _check(phi_q, phi_k, v, key_mask, names=("phi_q", "phi_k", "v"))
+    phi_q, phi_k = np.asarray(phi_q), np.asarray(phi_k)
+    _check_signs(allow_negative, ("phi_q", phi_q), ("phi_k", phi_k))
+    return _non_causal(phi_q, phi_k, v, eps, key_mask, allow_negative)
+
+
+def _non_causal(phi_q, phi_k, v, eps, key_mask, signed):
     dtype, work = np.result_type(v), _work_dtype(phi_q, phi_k, v)
     phi_q, phi_k, v = (np.asarray(x, dtype=work) for x in (phi_q, phi_k, v))
     if key_mask is not None:
@@ -97,7 +126,7 @@ def linear_attention_from_features(phi_q, phi_k, v, *, eps=1e-6, key_mask=None):
     key_sum = phi_k.sum(axis=-2)  # (..., f)
     numerator = np.einsum("...nf,...fe->...ne", phi_q, kv_state, optimize=True)  # (..., n, e)
     normaliser = np.einsum("...nf,...f->...n", phi_q, key_sum)  # (..., n)
-    return _normalise(numerator, normaliser, eps, dtype)
+    return _normalise(numerator, normaliser, eps, dtype, signed)
 
 
 def linear_attention(q, k, v, *, feature_map=elu_feature_map, eps=1e-6, key_mask=None):
@@ -118,7 +147,7 @@ def linear_attention(q, k, v, *, feature_map=elu_feature_map, eps=1e-6, key_mask
     """
     key_mask = _check(q, k, v, key_mask)
     phi_q, phi_k = _features(feature_map, ("q", q), ("k", k))
-    return linear_attention_from_features(phi_q, phi_k, v, eps=eps, key_mask=key_mask).astype(np.result_type(v))
+    return _non_causal(phi_q, phi_k, v, eps, key_mask, False).astype(np.result_type(v))
 
 
 def _chunk(x, chunk_size):
@@ -162,40 +191,50 @@ def chunked_causal_sums(phi_q, phi_k, v, chunk_size):
     return numerator, normaliser.reshape(*normaliser.shape[:-2], padded)[..., :n]  # (..., n)
 
 
-def causal_linear_attention_from_features(phi_q, phi_k, v, *, eps=1e-6, chunk_size=None):
+def causal_linear_attention_from_features(phi_q, phi_k, v, *, eps=1e-6, chunk_size=DEFAULT_CHUNK_SIZE,
+                                          allow_negative=False):
     """Causal linear attention from features. Notebook 06, Eqs. (6.4)-(6.6); Katharopoulos et al. 2020, Eq. 9.
 
-    ``chunk_size=None``: prefix sums S_i = Σ_{j ≤ i} phi_k_j v_jᵀ, all n states at once
-    (memory n·f·e).  ``chunk_size=c``: the chunked form (memory n·(f + e + c) + (n/c)·f·e).
+    ``chunk_size=c`` (default ``DEFAULT_CHUNK_SIZE``): the chunked form, memory
+    n·(f + e + c) + (n/c)·f·e.  ``chunk_size=None``: prefix sums S_i = Σ_{j ≤ i} phi_k_j v_jᵀ,
+    all n states at once (memory n·f·e), the form notebook 06 teaches.
 
     Args:
         phi_q: query features ``(..., n, f)``; phi_k: key features ``(..., n, f)``; v: ``(..., n, e)``.
         eps: added to the normaliser (absolute).
-        chunk_size: None, or positions per chunk (a positive int; need not divide n).
+        chunk_size: positions per chunk (a positive int; need not divide n), or None for prefix sums.
+        allow_negative: as in ``linear_attention_from_features``.
 
     Returns:
         ``(..., n, e)`` in the dtype of ``v``.
     """
     _check(phi_q, phi_k, v, names=("phi_q", "phi_k", "v"))
     _check_causal(phi_q, phi_k, chunk_size)
+    phi_q, phi_k = np.asarray(phi_q), np.asarray(phi_k)
+    _check_signs(allow_negative, ("phi_q", phi_q), ("phi_k", phi_k))
+    return _causal(phi_q, phi_k, v, eps, chunk_size, allow_negative)
+
+
+def _causal(phi_q, phi_k, v, eps, chunk_size, signed):
     dtype, work = np.result_type(v), _work_dtype(phi_q, phi_k, v)
     phi_q, phi_k, v = (np.asarray(x, dtype=work) for x in (phi_q, phi_k, v))
     if chunk_size is None:
         kv_states = np.cumsum(np.einsum("...sf,...se->...sfe", phi_k, v), axis=-3)  # (..., n, f, e)
         numerator = np.einsum("...nf,...nfe->...ne", phi_q, kv_states, optimize=True)  # (..., n, e)
         normaliser = np.einsum("...nf,...nf->...n", phi_q, np.cumsum(phi_k, axis=-2))  # (..., n)
-        return _normalise(numerator, normaliser, eps, dtype)
-    return _normalise(*chunked_causal_sums(phi_q, phi_k, v, chunk_size), eps, dtype)
+        return _normalise(numerator, normaliser, eps, dtype, signed)
+    return _normalise(*chunked_causal_sums(phi_q, phi_k, v, chunk_size), eps, dtype, signed)
 
 
-def causal_linear_attention(q, k, v, *, feature_map=elu_feature_map, eps=1e-6, chunk_size=None):
+def causal_linear_attention(q, k, v, *, feature_map=elu_feature_map, eps=1e-6, chunk_size=DEFAULT_CHUNK_SIZE):
     """Causal linear attention: query i sees keys j ≤ i. Notebook 06, Eq. (6.4); Katharopoulos et al. 2020, Eq. 9.
 
     Args:
         q: queries ``(..., n, d)``; k: keys ``(..., n, d)``; v: values ``(..., n, e)``.
         feature_map: ``(..., d) → (..., f)``, non-negative (elu+1 by default).
         eps: added to the normaliser (absolute).
-        chunk_size: None for prefix sums; a positive int for the chunked form (same result).
+        chunk_size: positions per chunk of the chunked form (default ``DEFAULT_CHUNK_SIZE``:
+            memory linear in n), or None for the prefix sums notebook 06 teaches (memory n·f·e).
 
     Returns:
         ``(..., n, e)``.
@@ -203,8 +242,7 @@ def causal_linear_attention(q, k, v, *, feature_map=elu_feature_map, eps=1e-6, c
     _check(q, k, v)
     _check_causal(q, k, chunk_size)
     phi_q, phi_k = _features(feature_map, ("q", q), ("k", k))
-    out = causal_linear_attention_from_features(phi_q, phi_k, v, eps=eps, chunk_size=chunk_size)
-    return out.astype(np.result_type(v), copy=False)
+    return _causal(phi_q, phi_k, v, eps, chunk_size, False).astype(np.result_type(v), copy=False)
 
 
 def causal_linear_attention_reference(q, k, v, *, feature_map=elu_feature_map, eps=1e-6):

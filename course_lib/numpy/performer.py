@@ -52,6 +52,13 @@ def random_matrix(m, d, rng, *, orthogonal=True, scaling="chi"):
     orthogonal, then rescaled so each row is still marginally N(0, I_d) ("chi": norms of fresh
     Gaussian d-vectors, χ_d-distributed) or has the fixed norm √d ("sqrt_d").
 
+    ``scaling="sqrt_d"`` makes a *biased* estimator of the softmax kernel: the feature maps are
+    unbiased for exp(xᵀy) only when ω's rows are N(0, I_d), norms included, and "sqrt_d" fixes
+    every norm at √d instead of drawing it from χ_d.  For positive features the expectation
+    becomes exp(−(‖x‖² + ‖y‖²)/2) Γ(d/2) (2/t)^(d/2−1) I_(d/2−1)(t) with t = √d ‖x + y‖ (a Bessel
+    function), smaller than exp(xᵀy): E exp(ωᵀz) is convex in ‖ω‖², and E‖ω‖² = d (Jensen).
+    tests/test_performer.py measures the bias.
+
     Args:
         m: number of random features (rows).
         d: input dimension.
@@ -238,7 +245,8 @@ def _attention(q, k, v, omega, causal, features, key_mask, chunk_size, key_shift
     return out.astype(dtype, copy=False)
 
 
-def performer_attention(q, k, v, omega, *, causal=False, features="positive", key_mask=None, chunk_size=None):
+def performer_attention(q, k, v, omega, *, causal=False, features="positive", key_mask=None,
+                        chunk_size=DEFAULT_CHUNK_SIZE):
     """FAVOR+ attention, an estimate of softmax attention. Notebook 08, Eq. (8.6); Choromanski et al. 2020, Alg. 1.
 
     Queries and keys are scaled by d^(-1/4), mapped to random features, and combined by
@@ -258,8 +266,9 @@ def performer_attention(q, k, v, omega, *, causal=False, features="positive", ke
         causal: if True, query i sees only keys up to its own position (n = s).
         features: ``"positive"`` (FAVOR+), ``"hyperbolic"`` or ``"trig"``.
         key_mask: boolean ``(..., s)``, True where the key is a real token.
-        chunk_size: causal only: None for prefix sums, an int for the chunked form (trig
-            features always take the chunked form, with ``DEFAULT_CHUNK_SIZE`` for None).
+        chunk_size: causal only: positions per chunk of the chunked form (default
+            ``DEFAULT_CHUNK_SIZE``), or None for the prefix sums of notebook 06 (trig features
+            always take the chunked form, with ``DEFAULT_CHUNK_SIZE`` for None).
 
     Returns:
         ``(..., n, e)``.
@@ -274,7 +283,8 @@ def _global_max_key_shift(projections, half_norm, omega, features, causal, key_m
     return _largest_exponents(projections, half_norm, features).max(axis=-2, keepdims=True)  # the future included
 
 
-def _global_max_causal_attention(q, k, v, omega, *, features="positive", eps=1e-6, chunk_size=None):
+def _global_max_causal_attention(q, k, v, omega, *, features="positive", eps=1e-6,
+                                 chunk_size=DEFAULT_CHUNK_SIZE):
     """The trap (COURSE §6): causal FAVOR+ whose key stabiliser is a maximum over the whole sequence.
 
     Exact in exact arithmetic, yet a large future key raises the maximum and shrinks every

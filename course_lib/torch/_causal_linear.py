@@ -15,7 +15,7 @@ loop over chunks would pay a kernel launch per chunk.  Each product's einsum is 
 
 The normaliser is the numerator's machinery with v = 1 (e = 1), written out rather than
 appended to v as a ones column: ``bmm`` with 65 value columns runs 10-30 % slower than with
-64 on CPU (``tools/bench_linear.py`` measures both), and the extra work is a few small products.
+64 on CPU (``tools/bench_linear.py --kernel-choices`` measures both), and the extra work is a few small products.
 """
 
 import math
@@ -49,7 +49,7 @@ def _prefix_over_chunks(x, length, reverse=False):
 
     An exclusive prefix sum over the chunk axis, written as products with triangular ones
     matrices: on CPU, ``torch.cumsum`` along a non-last axis runs several times slower than
-    those products on the same data (``tools/bench_linear.py`` measures both).  Chunks are grouped in blocks of
+    those products on the same data (``tools/bench_linear.py --kernel-choices``).  Chunks are grouped in blocks of
     b ≈ √g so both triangles stay small: one sums the earlier chunks of the same block, the
     other the earlier blocks; about 2·(b + g/b) multiply-adds per state entry.
     """

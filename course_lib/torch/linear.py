@@ -5,6 +5,10 @@ Autoregressive Transformers with Linear Attention" (arXiv 2006.16236).  Same nam
 signatures as the NumPy tree; any device, any floating dtype, autograd.  Shapes: ``q (..., n, d)``,
 ``k (..., s, d)``, ``v (..., s, e)``, features ``phi_q (..., n, f)``, ``phi_k (..., s, f)``.
 
+Causal calls default to the chunked form, ``chunk_size=DEFAULT_CHUNK_SIZE`` (memory linear in n,
+forward and backward; the constant and how it was measured: ``course_lib/numpy/linear.py``);
+``chunk_size=None`` selects the prefix sums that notebook 06 teaches.
+
 ``eps`` is absolute and added to the normaliser phi(q_i)·Σ_j phi(k_j): a query whose features
 are all zero (relu of an all-negative q) or whose keys are all padded has normaliser 0, and
 eps turns that 0/0 into an output of 0.  float16/bfloat16 inputs are accumulated in float32
@@ -64,15 +68,27 @@ def _features(feature_map, *xs):
     return features
 
 
-def _normalise(numerator, normaliser, eps, dtype):
-    """numerator / (normaliser + eps), refusing a negative normaliser."""
-    if normaliser.numel() and normaliser.min() < 0:
+def _check_signs(allow_negative, *named):
+    """Refuse features with negative entries unless ``allow_negative``: each weight phi(q)·phi(k) must be ≥ 0."""
+    if allow_negative:
+        return
+    for name, phi in named:
+        if phi.numel() and phi.min() < 0:  # min: one reduction, no (..., n, f) boolean temporary
+            raise ValueError(f"{name} must be non-negative features, but has entries down to {phi.min().item():.3g}: "
+                             "the weights phi(q)·phi(k) would have mixed signs and cancel in the normaliser. Use a "
+                             "positive feature map (elu_feature_map), or pass allow_negative=True to divide by a "
+                             "signed normaliser on purpose.")
+
+
+def _normalise(numerator, normaliser, eps, dtype, signed=False):
+    """numerator / (normaliser + eps), refusing a negative normaliser unless ``signed``."""
+    if not signed and normaliser.numel() and normaliser.min() < 0:
         raise ValueError(f"the normaliser phi(q)·sum phi(k) is negative (down to {normaliser.min().item():.3g}): "
                          "the features must be non-negative; pick a positive feature_map such as elu_feature_map.")
     return (numerator / (normaliser.unsqueeze(-1) + eps)).to(dtype)  # (..., n, e)
 
 
-def linear_attention_from_features(phi_q, phi_k, v, *, eps=1e-6, key_mask=None):
+def linear_attention_from_features(phi_q, phi_k, v, *, eps=1e-6, key_mask=None, allow_negative=False):
     """Non-causal linear attention from features, in O(n·f·e). Notebook 06, Eq. (6.2); Katharopoulos et al. 2020, Eq. 5.
 
     Associativity: phi(q) (phi(k)ᵀ v) never forms the n × s kernel.  Padded keys and values
@@ -84,11 +100,19 @@ def linear_attention_from_features(phi_q, phi_k, v, *, eps=1e-6, key_mask=None):
         v: values ``(..., s, e)``.
         eps: added to the normaliser (absolute).
         key_mask: boolean ``(..., s)``, True where the key is a real token.
+        allow_negative: False refuses features with a negative entry (ValueError naming
+            ``phi_q`` or ``phi_k``); True divides by the signed normaliser as it is (notebook 09's
+            Linformer-projected features, whose weights cancel).
 
     Returns:
         ``(..., n, e)`` in the dtype of ``v``.
     """
     _check(phi_q, phi_k, v, key_mask, names=("phi_q", "phi_k", "v"))
+    _check_signs(allow_negative, ("phi_q", phi_q), ("phi_k", phi_k))
+    return _non_causal(phi_q, phi_k, v, eps, key_mask, allow_negative)
+
+
+def _non_causal(phi_q, phi_k, v, eps, key_mask, signed):
     dtype = v.dtype
     phi_q, phi_k, v = _work(phi_q, phi_k, v)
     if key_mask is not None:
@@ -98,7 +122,7 @@ def linear_attention_from_features(phi_q, phi_k, v, *, eps=1e-6, key_mask=None):
     key_sum = phi_k.sum(dim=-2, keepdim=True)  # (..., 1, f)
     numerator = phi_q @ kv_state  # "...nf,...fe->...ne" (..., n, e)
     normaliser = (phi_q * key_sum).sum(dim=-1)  # "...nf,...f->...n" (..., n)
-    return _normalise(numerator, normaliser, eps, dtype)
+    return _normalise(numerator, normaliser, eps, dtype, signed)
 
 
 def linear_attention(q, k, v, *, feature_map=elu_feature_map, eps=1e-6, key_mask=None):
@@ -119,7 +143,7 @@ def linear_attention(q, k, v, *, feature_map=elu_feature_map, eps=1e-6, key_mask
     """
     _check(q, k, v, key_mask)
     phi_q, phi_k = _features(feature_map, ("q", q), ("k", k))
-    return linear_attention_from_features(phi_q, phi_k, v.to(phi_q.dtype), eps=eps, key_mask=key_mask).to(v.dtype)
+    return _non_causal(phi_q, phi_k, v.to(phi_q.dtype), eps, key_mask, False).to(v.dtype)
 
 
 def chunked_causal_sums(phi_q, phi_k, v, chunk_size):
@@ -142,43 +166,51 @@ def chunked_causal_sums(phi_q, phi_k, v, chunk_size):
     return numerator.reshape(*lead, n, v.shape[-1]), normaliser.reshape(*lead, n)
 
 
-def causal_linear_attention_from_features(phi_q, phi_k, v, *, eps=1e-6, chunk_size=None):
+def causal_linear_attention_from_features(phi_q, phi_k, v, *, eps=1e-6, chunk_size=DEFAULT_CHUNK_SIZE,
+                                          allow_negative=False):
     """Causal linear attention from features. Notebook 06, Eqs. (6.4)-(6.6); Katharopoulos et al. 2020, Eq. 9.
 
-    ``chunk_size=None``: prefix sums through plain autograd of ``cumsum``.  This is the naive
-    version whose memory the lesson measures: it stores all n states, an ``(..., n, f, e)``
-    tensor, for the backward.  ``chunk_size=c``: ``chunked_causal_sums``, whose forward and backward
-    keep O(n·(f + e + c) + (n/c)·f·e) memory; the normaliser is the same sum with v = 1.
+    ``chunk_size=c`` (default ``DEFAULT_CHUNK_SIZE``): ``chunked_causal_sums``, whose forward and
+    backward keep O(n·(f + e + c) + (n/c)·f·e) memory.  ``chunk_size=None``: prefix sums through
+    plain autograd of ``cumsum``, the naive version whose memory notebook 06 measures: it stores
+    all n states, an ``(..., n, f, e)`` tensor, for the backward.
 
     Args:
         phi_q: query features ``(..., n, f)``; phi_k: key features ``(..., n, f)``; v: ``(..., n, e)``.
         eps: added to the normaliser (absolute).
-        chunk_size: None, or positions per chunk (a positive int; need not divide n).
+        chunk_size: positions per chunk (a positive int; need not divide n), or None for prefix sums.
+        allow_negative: as in ``linear_attention_from_features``.
 
     Returns:
         ``(..., n, e)`` in the dtype of ``v``.
     """
     _check(phi_q, phi_k, v, names=("phi_q", "phi_k", "v"))
     _check_causal(phi_q, phi_k, chunk_size)
+    _check_signs(allow_negative, ("phi_q", phi_q), ("phi_k", phi_k))
+    return _causal(phi_q, phi_k, v, eps, chunk_size, allow_negative)
+
+
+def _causal(phi_q, phi_k, v, eps, chunk_size, signed):
     dtype = v.dtype
     phi_q, phi_k, v = _work(phi_q, phi_k, v)
     if chunk_size is None:  # the naive version: autograd keeps the (..., n, f, e) states
         kv_states = torch.cumsum(phi_k.unsqueeze(-1) * v.unsqueeze(-2), dim=-3)  # (..., n, f, e)
         numerator = torch.einsum("...nf,...nfe->...ne", phi_q, kv_states)  # (..., n, e)
         normaliser = (phi_q * phi_k.cumsum(dim=-2)).sum(dim=-1)  # "...nf,...nf->...n" (..., n)
-        return _normalise(numerator, normaliser, eps, dtype)
-    return _normalise(*chunked_causal_sums(phi_q, phi_k, v, chunk_size), eps, dtype)
+        return _normalise(numerator, normaliser, eps, dtype, signed)
+    return _normalise(*chunked_causal_sums(phi_q, phi_k, v, chunk_size), eps, dtype, signed)
 
 
-def causal_linear_attention(q, k, v, *, feature_map=elu_feature_map, eps=1e-6, chunk_size=None):
+def causal_linear_attention(q, k, v, *, feature_map=elu_feature_map, eps=1e-6, chunk_size=DEFAULT_CHUNK_SIZE):
     """Causal linear attention: query i sees keys j ≤ i. Notebook 06, Eq. (6.4); Katharopoulos et al. 2020, Eq. 9.
 
     Args:
         q: queries ``(..., n, d)``; k: keys ``(..., n, d)``; v: values ``(..., n, e)``.
         feature_map: ``(..., d) → (..., f)``, non-negative (elu+1 by default).
         eps: added to the normaliser (absolute).
-        chunk_size: None for prefix sums (memory n·f·e in backward); a positive int for the
-            chunked form (memory linear in n; ``DEFAULT_CHUNK_SIZE`` is the measured best).
+        chunk_size: positions per chunk of the chunked form (default ``DEFAULT_CHUNK_SIZE``: memory
+            linear in n, forward and backward), or None for the prefix sums notebook 06 teaches
+            (their backward stores n states of f × e).
 
     Returns:
         ``(..., n, e)`` in the dtype of ``v``.
@@ -186,8 +218,7 @@ def causal_linear_attention(q, k, v, *, feature_map=elu_feature_map, eps=1e-6, c
     _check(q, k, v)
     _check_causal(q, k, chunk_size)
     phi_q, phi_k = _features(feature_map, ("q", q), ("k", k))
-    out = causal_linear_attention_from_features(phi_q, phi_k, v.to(phi_q.dtype), eps=eps, chunk_size=chunk_size)
-    return out.to(v.dtype)
+    return _causal(phi_q, phi_k, v.to(phi_q.dtype), eps, chunk_size, False).to(v.dtype)
 
 
 def causal_linear_attention_reference(q, k, v, *, feature_map=elu_feature_map, eps=1e-6):
