@@ -196,4 +196,119 @@ class _KeyMaskExercise(Exercise):
 exercise_1_3 = _KeyMaskExercise("1.3", "attention with a key-padding mask (PyTorch)", _padded_reference,
                                 _cases_1_3, MISTAKES_1_3, names=("output",))
 
-EXERCISES = [exercise_1_1, exercise_1_2, exercise_1_3]
+
+
+# --- Exercise 1.4: two blocks of keys, merged without P -------------------------------------
+# Attention over keys A and over keys B, each given as (output, log-normaliser), merged into the
+# attention over A and B together: the step a fused kernel repeats block after block so that it
+# never holds an (n, s) matrix.  The learner derives the weights exp(ℓ_a − ℓ) and exp(ℓ_b − ℓ).
+
+def _block(q, k, v):
+    """Attention of q over one block of keys: ``(output (..., n, e), ℓ (..., n))``, ℓ = ln Σ_j exp(q·k_j/√d)."""
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])  # (..., n, s_block)
+    top = scores.max(axis=-1, keepdims=True)  # (..., n, 1)
+    unnormalised = np.exp(scores - top)  # (..., n, s_block), every exponent <= 0
+    total = unnormalised.sum(axis=-1, keepdims=True)  # (..., n, 1)
+    return unnormalised @ v / total, (top + np.log(total))[..., 0]
+
+
+def _merge_reference(out_a, lse_a, out_b, lse_b):
+    lse = np.logaddexp(lse_a, lse_b)  # (..., n): ln(e^ℓa + e^ℓb) without overflow
+    return np.exp(lse_a - lse)[..., None] * out_a + np.exp(lse_b - lse)[..., None] * out_b, lse
+
+
+def _merge_with(*, weights="shares", lse="logaddexp", normalise=True):
+    """Exercise 1.4's function, made with one slip in the weights of the two outputs or in ℓ."""
+    def merge(out_a, lse_a, out_b, lse_b):
+        with np.errstate(over="ignore", invalid="ignore"):
+            total = {"logaddexp": np.logaddexp(lse_a, lse_b), "max": np.maximum(lse_a, lse_b),
+                     "sum": lse_a + lse_b, "naive": np.log(np.exp(lse_a) + np.exp(lse_b))}[lse]
+            if weights == "average":
+                w_a = w_b = np.full_like(lse_a, 0.5)
+            elif weights == "by-lse":
+                w_a, w_b = lse_a / (lse_a + lse_b), lse_b / (lse_a + lse_b)
+            elif weights == "naive":  # exp of the log-normalisers themselves: overflows in the thousands
+                total_exp = np.exp(lse_a) + np.exp(lse_b)
+                w_a, w_b = np.exp(lse_a) / total_exp, np.exp(lse_b) / total_exp
+            else:
+                top = np.maximum(lse_a, lse_b)
+                w_a, w_b = np.exp(lse_a - top), np.exp(lse_b - top)
+                if normalise:
+                    w_a, w_b = w_a / (w_a + w_b), w_b / (w_a + w_b)
+            return w_a[..., None] * out_a + w_b[..., None] * out_b, total
+    return merge
+
+
+MISTAKES_1_4 = (
+    Mistake("plain-average", _merge_with(weights="average"),
+            "the two blocks do not count equally: block A's output carries the weight e^ℓa / (e^ℓa + e^ℓb), its "
+            "share of the row's normaliser, and block B the rest."),
+    Mistake("weights-by-lse", _merge_with(weights="by-lse"),
+            "the weights are shares of the normalisers Σ_j exp(·) = e^ℓ, not of the logarithms ℓ: use "
+            "exp(ℓa − ℓ) and exp(ℓb − ℓ)."),
+    Mistake("not-normalised", _merge_with(normalise=False),
+            "each block's output is already an average: after exp(ℓa − m) and exp(ℓb − m) divide by their sum, "
+            "so that the two weights add up to 1."),
+    Mistake("overflow", _merge_with(weights="naive", lse="naive"),
+            "exp(ℓ) overflows: ℓ is in the thousands in one case, and exp overflows above about 709.8 in float64. "
+            "Subtract max(ℓa, ℓb) before exp (Eq. 1.3), or use np.logaddexp for ℓ."),
+    Mistake("lse-is-the-max", _merge_with(lse="max"),
+            "the merged ℓ is ln(e^ℓa + e^ℓb), the log of the summed normalisers (np.logaddexp), not the larger ℓ: "
+            "it exceeds the larger one by up to ln 2."),
+    Mistake("lse-summed", _merge_with(lse="sum"),
+            "adding ℓa + ℓb multiplies the normalisers; the normalisers add: ℓ = ln(e^ℓa + e^ℓb) (np.logaddexp)."),
+)
+
+
+def _split_case(seed, lead, n, s_a, s_b, d, e, scale=1.0, shift_b=0.0):
+    """Blocks A and B of one attention: ``(out_a, lse_a, out_b, lse_b)``, checked against the whole."""
+    rng = np.random.default_rng(seed)
+    q = scale * rng.standard_normal((*lead, n, d))
+    k = scale * rng.standard_normal((*lead, s_a + s_b, d))
+    v = rng.standard_normal((*lead, s_a + s_b, e))
+    out_a, lse_a = _block(q, k[..., :s_a, :], v[..., :s_a, :])
+    out_b, lse_b = _block(q, k[..., s_a:, :], v[..., s_a:, :])
+    lse_b = lse_b + shift_b  # as if every score of block B were shifted: its weights move, its output does not
+    merged, _ = _merge_reference(out_a, lse_a, out_b, lse_b)
+    if shift_b == 0.0:
+        assert np.allclose(merged, full.softmax_attention(q, k, v)), "the merge must equal attention over A and B"
+    return out_a, lse_a, out_b, lse_b
+
+
+def _cases_1_4():
+    return [
+        ("n = 4 queries, blocks of 3 and 5 keys, e = 2", _split_case(14, (), 4, 3, 5, 4, 2), {}),
+        ("batched (b, h) = (2, 3), n = 5, blocks of 4 and 6 keys, e = 3", _split_case(15, (2, 3), 5, 4, 6, 8, 3), {}),
+        # q, k scaled by 30: the log-normalisers reach the thousands, far past exp's float64 limit of 709.8.
+        ("large scores (ℓ in the thousands), n = 6, blocks of 5 and 3", _split_case(16, (2,), 6, 5, 3, 4, 2, 30.0), {}),
+        ("block B far weaker (its ℓ lowered by 50), n = 3, blocks of 2 and 2",
+         _split_case(17, (), 3, 2, 2, 4, 2, 1.0, -50.0), {}),
+    ]
+
+
+def _explain_broadcasting(candidate):
+    """``candidate``, with a broadcasting ValueError turned into one that names the shapes (Exercise 1.4)."""
+    def checked(out_a, lse_a, out_b, lse_b):
+        try:
+            return candidate(out_a, lse_a, out_b, lse_b)
+        except ValueError as exc:
+            if "broadcast" not in str(exc):
+                raise
+            raise ValueError(f"{exc}\n  hint: the weights have the shape of ℓ, (..., n) = {lse_a.shape}, the "
+                             f"outputs (..., n, e) = {out_a.shape}: give the weights a last axis with w[..., None] "
+                             f"(w[:, None] puts it after the first axis, wrong once there are leading axes), so "
+                             f"that each query's weight scales its whole output row.") from None
+    return checked
+
+
+class _MergeExercise(Exercise):
+    """Exercise 1.4's check: weights without their last axis get a hint naming the shapes."""
+
+    def __call__(self, candidate, *, verbose=True):
+        return super().__call__(_explain_broadcasting(candidate), verbose=verbose)
+
+
+exercise_1_4 = _MergeExercise("1.4", "two blocks of keys merged without P", _merge_reference, _cases_1_4,
+                              MISTAKES_1_4, names=("output", "lse"))
+
+EXERCISES = [exercise_1_1, exercise_1_2, exercise_1_3, exercise_1_4]
