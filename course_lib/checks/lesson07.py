@@ -73,40 +73,74 @@ exercise_7_1 = Exercise("7.1", "one step of the linear-attention RNN", _step_ref
                         names=("out_t", "S", "Z"))
 
 
-# --- Exercise 7.2: the RNN over a sequence equals the parallel causal form ------------------
+# --- Exercise 7.2: a state that forgets, and its parallel form ------------------------------
+# S_t = γ S_{t-1} + phi(k_t) v_tᵀ and Z_t = γ Z_{t-1} + phi(k_t): the recurrence of notebook 07 with a
+# decay γ (RetNet's retention has this form).  The learner derives the parallel form: query i weighs
+# key j ≤ i by γ^(i - j) phi(q_i)·phi(k_j), a causal (n, n) decay matrix times the kernel.
 
-def _loop_reference(q, k, v):
-    return linear.causal_linear_attention(q, k, v)
+def _decay_matrix(n, gamma, *, shift=0, sign=1, causal=True):
+    """``(n, n)``: γ^(sign·(i − j) + shift) where key j ≤ query i, else 0; not causal: γ^|i − j| everywhere."""
+    distance = np.arange(n)[:, None] - np.arange(n)[None, :]  # (n, n): i − j
+    if not causal:
+        return float(gamma) ** np.abs(distance)
+    with np.errstate(divide="ignore"):  # 0 ** (a negative power): only the reversed slip makes one
+        return np.where(distance >= 0, float(gamma) ** (sign * np.maximum(distance, 0) + shift), 0.0)
 
 
-def _loop(*, after_update=True, accumulate=True):
-    """The exercise's function, made with one slip."""
-    def loop(q, k, v):
-        phi_q, phi_k = _phi(q), _phi(k)
-        S = np.zeros((*q.shape[:-2], phi_k.shape[-1], v.shape[-1]))  # (..., f, e)
-        Z = np.zeros((*q.shape[:-2], phi_k.shape[-1]))  # (..., f)
-        outputs = []
-        for t in range(q.shape[-2]):
-            update_S = phi_k[..., t, :, None] * v[..., t, None, :]
-            if not after_update:  # read the state before this token is added
-                outputs.append(np.einsum("...f,...fe->...e", phi_q[..., t, :], S)
-                               / (np.einsum("...f,...f->...", phi_q[..., t, :], Z)[..., None] + EPS))
-            S, Z = (S + update_S, Z + phi_k[..., t, :]) if accumulate else (update_S, phi_k[..., t, :])
-            if after_update:
-                outputs.append(np.einsum("...f,...fe->...e", phi_q[..., t, :], S)
-                               / (np.einsum("...f,...f->...", phi_q[..., t, :], Z)[..., None] + EPS))
-        return np.stack(outputs, axis=-2)
-    return loop
+def _recurrence(q, k, v, gamma):
+    """The outputs of the decayed recurrence, one position at a time (the definition)."""
+    phi_q, phi_k = _phi(q), _phi(k)
+    S = np.zeros((*q.shape[:-2], phi_k.shape[-1], v.shape[-1]))  # (..., f, e)
+    Z = np.zeros((*q.shape[:-2], phi_k.shape[-1]))  # (..., f)
+    outputs = []
+    for t in range(q.shape[-2]):
+        S = gamma * S + phi_k[..., t, :, None] * v[..., t, None, :]
+        Z = gamma * Z + phi_k[..., t, :]
+        outputs.append(np.einsum("...f,...fe->...e", phi_q[..., t, :], S)
+                       / (np.einsum("...f,...f->...", phi_q[..., t, :], Z)[..., None] + EPS))
+    return np.stack(outputs, axis=-2)  # (..., n, e)
+
+
+def _decay_reference(q, k, v, gamma):
+    return _decay_matrix(q.shape[-2], gamma), _recurrence(q, k, v, gamma)
+
+
+def _decayed(*, shift=0, sign=1, causal=True, decay_normaliser=True):
+    """Exercise 7.2's function in parallel form, with one slip (the defaults: none)."""
+    def attention(q, k, v, gamma):
+        decay = _decay_matrix(q.shape[-2], gamma, shift=shift, sign=sign, causal=causal)  # (n, n)
+        kernel = _phi(q) @ np.swapaxes(_phi(k), -1, -2)  # (..., n, n)
+        weights = decay * kernel
+        plain = np.tril(kernel) if causal else kernel
+        normaliser = (weights if decay_normaliser else plain).sum(axis=-1)  # (..., n)
+        with np.errstate(invalid="ignore", over="ignore"):
+            return decay, weights @ v / (normaliser[..., None] + EPS)
+    return attention
 
 
 MISTAKES_7_2 = (
-    Mistake("output-before-update", _loop(after_update=False),
-            "each output was read before its own token entered the state: position t attends to j ≤ t, "
-            "itself included; update S and Z first, then compute the output (the first output is then not 0)."),
-    Mistake("state-not-accumulated", _loop(accumulate=False),
-            "S and Z were replaced at each step instead of accumulated: S ← S + phi(k_t) v_tᵀ keeps every "
-            "earlier token (Eq. 7.2)."),
+    Mistake("decay-off-by-one", _decayed(shift=1),
+            "token t enters the state undecayed (S_t = γ S_{t−1} + phi(k_t) v_tᵀ), so key j reaches query i with "
+            "weight γ^(i − j): γ⁰ = 1 for the token itself, not γ^(i − j + 1)."),
+    Mistake("normaliser-not-decayed", _decayed(decay_normaliser=False),
+            "Z decays like S (Z_t = γ Z_{t−1} + phi(k_t)): the normaliser is the row sum of the *decayed* weights "
+            "γ^(i − j) phi(q_i)·phi(k_j), or the output is no longer an average."),
+    Mistake("decay-reversed", _decayed(sign=-1),
+            "older keys have been multiplied by γ more often: the weight is γ^(i − j) with i the query and j ≤ i "
+            "the key, so it shrinks with the distance (γ < 1); γ^(j − i) grows with it."),
+    Mistake("no-causal-mask", _decayed(causal=False),
+            "the decay matrix must be 0 above the diagonal (j > i): query i never sees a later key. γ^|i − j| "
+            "everywhere lets the future in."),
 )
+
+
+def _cases_7_2():
+    return [
+        ("n = 6, d = e = 3, γ = 0.5", (*_sequence_case(78, (), 6, 3, 3), 0.5), {}),
+        ("γ = 1: plain causal linear attention, n = 8, d = 4, e = 3", (*_sequence_case(79, (), 8, 4, 3), 1.0), {}),
+        ("γ = 0: each position sees only itself, n = 5, d = e = 2", (*_sequence_case(80, (), 5, 2, 2), 0.0), {}),
+        ("batched (b, h) = (2, 2), n = 12, d = e = 4, γ = 0.9", (*_sequence_case(77, (2, 2), 12, 4, 4), 0.9), {}),
+    ]
 
 
 def _sequence_case(seed, lead, n, d, e):
@@ -114,15 +148,7 @@ def _sequence_case(seed, lead, n, d, e):
     return rng.standard_normal((*lead, n, d)), rng.standard_normal((*lead, n, d)), rng.standard_normal((*lead, n, e))
 
 
-def _cases_7_2():
-    return [
-        ("n = 12, d = 4, e = 3", _sequence_case(75, (), 12, 4, 3), {}),
-        ("n = 1 (one token)", _sequence_case(76, (), 1, 3, 2), {}),
-        ("batched (b, h) = (2, 2), n = 16, d = e = 5", _sequence_case(77, (2, 2), 16, 5, 5), {}),
-    ]
-
-
-exercise_7_2 = Exercise("7.2", "the RNN over a sequence equals causal linear attention", _loop_reference,
-                        _cases_7_2, MISTAKES_7_2, names=("outputs",))
+exercise_7_2 = Exercise("7.2", "a state that forgets: the parallel form of a decayed recurrence", _decay_reference,
+                        _cases_7_2, MISTAKES_7_2, names=("decay", "outputs"))
 
 EXERCISES = [exercise_7_1, exercise_7_2]
