@@ -4,16 +4,20 @@ import pytest
 import torch
 
 from course_lib import tasks
-from course_lib.torch.causal_lm import CausalLM, generate, stepwise_logits
+from course_lib.torch.causal_lm import CausalLM, Decoder, generate, stepwise_logits
+from course_lib.torch.linear import DEFAULT_CHUNK_SIZE
+from course_lib.torch.modules import LinearAttention, PerformerAttention
 from tests.conftest import requires_cuda
 
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=requires_cuda)]
-ATTENTIONS = [("softmax", None), ("linear", None), ("linear", 4)]  # (attention, chunk_size)
+# (attention, chunk_size): the default chunked form, prefix sums, and a chunk that does not divide n = 19
+ATTENTIONS = [("softmax", None), ("linear", "default"), ("linear", None), ("linear", 4), ("performer", "default")]
 
 
-def _model(attention, chunk_size=None, device="cpu", vocab=11, max_len=24):
+def _model(attention, chunk_size="default", device="cpu", vocab=11, max_len=24):
     torch.manual_seed(0)
-    model = CausalLM(vocab, max_len, d_model=32, n_heads=4, n_layers=2, attention=attention, chunk_size=chunk_size)
+    options = {} if chunk_size == "default" else {"chunk_size": chunk_size}
+    model = CausalLM(vocab, max_len, d_model=32, n_heads=4, n_layers=2, attention=attention, **options)
     return model.double().to(device).eval()
 
 
@@ -29,17 +33,42 @@ def test_parallel_equals_token_by_token(attention, chunk_size, device):
     with torch.no_grad():
         parallel = model(tokens)
         assert torch.allclose(stepwise_logits(model, tokens), parallel, atol=1e-10, rtol=0)
+        assert torch.allclose(stepwise_logits(model, tokens, decoder=True), parallel, atol=1e-10, rtol=0)
         assert torch.allclose(stepwise_logits(model, tokens, cache=False), parallel, atol=1e-10, rtol=0)
 
 
-def test_float32_recurrent_form_close():
+def test_the_model_uses_the_attention_modules_with_the_default_chunk():
+    assert isinstance(_model("linear").blocks[0].attn, LinearAttention)
+    assert isinstance(_model("performer").blocks[0].attn, PerformerAttention)
+    assert _model("linear").blocks[1].attn.chunk_size == DEFAULT_CHUNK_SIZE
+    assert _model("linear", None).blocks[1].attn.chunk_size is None
+
+
+@pytest.mark.parametrize("attention", ["linear", "softmax"])
+def test_float32_recurrent_form_close(attention):
     # float32: the running sums of the RNN and the parallel prefix sums round differently (~1e-6)
-    model, tokens = _model("linear").float(), _tokens()
+    model, tokens = _model(attention).float(), _tokens()
     with torch.no_grad():
         assert torch.allclose(stepwise_logits(model, tokens), model(tokens), atol=1e-4, rtol=1e-4)
+        assert torch.allclose(stepwise_logits(model, tokens, decoder=True), model(tokens), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("attention", ["softmax", "linear"])
+def test_decoder_state_is_constant_size_and_changed_in_place():
+    model, tokens = _model("linear"), _tokens(n=6)
+    decoder = Decoder(model, 3)
+    states = [state for _, _, state in decoder.layers]
+    storage = [state.state.data_ptr() for state in states]
+    with torch.no_grad():
+        for t in range(6):
+            decoder.step(tokens[:, t])
+    assert decoder.position == 6 and [state.state.data_ptr() for state in states] == storage
+    assert all(state.state.shape == (3 * 4, 8, 9) for state in states)  # (b·h, f, e + 1), whatever the position
+    with pytest.raises(ValueError, match="max_len = 24"):
+        decoder.position = 24
+        decoder.step(tokens[:, 0])
+
+
+@pytest.mark.parametrize("attention", ["softmax", "linear", "performer"])
 def test_cached_generation_equals_uncached(attention):
     model, prompt = _model(attention), _tokens(n=3)
     cached, uncached = generate(model, prompt, 12), generate(model, prompt, 12, cache=False)
@@ -84,7 +113,7 @@ def test_linear_state_is_constant_size():
 def test_errors_are_clear():
     model = _model("linear")
     with pytest.raises(ValueError, match="attention must be one of"):
-        CausalLM(11, 8, attention="performer")
+        CausalLM(11, 8, attention="linformer")  # not causal: no Linformer language model
     with pytest.raises(ValueError, match="longer than max_len"):
         model(_tokens(n=30))
     with pytest.raises(ValueError, match=r"tokens must lie in \[0, 11\)"):

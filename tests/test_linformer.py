@@ -99,9 +99,11 @@ def test_linformer_leaks_the_future_and_causal_softmax_does_not(tree, rng, t):
 
 
 def test_the_module_refuses_causal_mode():
-    module = torch_lin.LinformerSelfAttention(8, 2, max_len=6, k=3)
     with pytest.raises(ValueError, match="cannot be causal"):
-        module(torch.randn(1, 6, 8), causal=True)
+        torch_lin.LinformerSelfAttention(8, 2, max_len=6, k=3, causal=True)
+    module = torch_lin.LinformerSelfAttention(8, 2, max_len=6, k=3)
+    with pytest.raises(TypeError, match="causal"):
+        module(torch.randn(1, 6, 8), causal=True)  # causality is the constructor's, never a call's
 
 
 # --- sharing modes --------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from course_lib import _validate
 # Counting matrices is plain arithmetic: one definition serves both trees.
 from course_lib.numpy import linformer as _numpy_linformer
 from course_lib.numpy.linformer import SHARING_MODES, count_projection_matrices  # noqa: F401 (re-exported)
+from course_lib.torch._attention_module import ProjectedAttention
 from course_lib.torch.full import MultiHeadAttention, masked_softmax, softmax_attention
 
 
@@ -134,7 +135,7 @@ def mean_pooling(k, s, *, dtype=torch.float32, device=None):
     return torch.as_tensor(_numpy_linformer.mean_pooling(k, s), dtype=dtype, device=device)  # (k, s)
 
 
-def fit_projections(q, k, v, E, F, *, steps=200, lr=1e-2, log_every=0):
+def fit_projections(q, k, v, E, F, *, steps=200, lr=1e-2, log_every=0, callback=None):
     """Fit E and F to exact attention's output by gradient descent. Notebook 04, Eq. (4.6).
 
     Minimises the mean over the leading dims of ‖Linformer(q, k, v) − softmax_attention(q, k, v)‖²
@@ -148,6 +149,8 @@ def fit_projections(q, k, v, E, F, *, steps=200, lr=1e-2, log_every=0):
         steps: Adam steps.
         lr: Adam's learning rate.
         log_every: print the loss every this many steps (0: silent).
+        callback: called as ``callback(step, E, F)`` after each step (step counted from 1, E and F
+            detached), e.g. to score held-out passages while the fit runs.
 
     Returns:
         ``(E, F, losses)``: the fitted projections (detached) and the loss before each step.
@@ -166,6 +169,8 @@ def fit_projections(q, k, v, E, F, *, steps=200, lr=1e-2, log_every=0):
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
+        if callback is not None:
+            callback(step + 1, E.detach(), F.detach())
         if log_every and (step + 1) % log_every == 0:
             print(f"  step {step + 1:>4}/{steps}: mean relative squared error {loss.item():.3g}", flush=True)
     return E.detach(), F.detach(), losses
@@ -173,7 +178,7 @@ def fit_projections(q, k, v, E, F, *, steps=200, lr=1e-2, log_every=0):
 
 # --- modules: notebook 05 -------------------------------------------------------------------
 
-def projection_parameter(k, max_len, n_heads=None):
+def projection_parameter(k, max_len, n_heads=None, *, device=None, dtype=None):
     """A trainable projection ``(k, max_len)``, or ``(h, k, max_len)`` with one per head.
 
     Entries are drawn from N(0, 1/k), the Johnson–Lindenstrauss projection of the paper's
@@ -181,16 +186,18 @@ def projection_parameter(k, max_len, n_heads=None):
     package on PyPI draws them uniformly from ±1/√k, a spread of the same order.
     """
     shape = (k, max_len) if n_heads is None else (n_heads, k, max_len)
-    return nn.Parameter(torch.randn(shape) / math.sqrt(k))
+    return nn.Parameter((torch.randn(shape) / math.sqrt(k)).to(device=device, dtype=dtype))
 
 
-class LinformerSelfAttention(MultiHeadAttention):
+class LinformerSelfAttention(ProjectedAttention):
     """Multi-head Linformer self-attention with the paper's sharing modes. Notebook 05; Wang et al. 2020, §4.
 
     ``sharing`` picks which projections exist in this layer: ``"none"`` an E and an F per head
     ``(h, k, max_len)``; ``"headwise"`` one E and one F ``(k, max_len)`` shared by the heads;
     ``"key-value"`` one parameter used as both E and F; ``"layerwise"`` the one parameter
-    ``shared_projection`` that every layer of a model receives (a fresh one if None).
+    ``shared_projection`` that every layer of a model receives (a fresh one if None).  The
+    conventions of ``course_lib.torch.modules``: ``forward(x, *, key_mask=None)``,
+    ``from_attention(mha, max_len=..., k=...)``, device and dtype.
 
     Args:
         d_model: model width; split into ``n_heads`` heads.
@@ -199,11 +206,18 @@ class LinformerSelfAttention(MultiHeadAttention):
         k: projected length, ``1 <= k <= max_len``.
         sharing: one of ``SHARING_MODES``.
         shared_projection: for ``"layerwise"``, the model-wide ``(k, max_len)`` parameter.
+        causal: must be False: Linformer cannot be causal (notebook 04 shows the leak).
         bias: whether the four linear maps have a bias.
+        device, dtype: of the parameters the module creates (a ``shared_projection`` is used as given).
     """
 
-    def __init__(self, d_model, n_heads, max_len, k, *, sharing="headwise", shared_projection=None, bias=True):
-        super().__init__(d_model, n_heads, bias=bias)
+    def __init__(self, d_model, n_heads, max_len, k, *, sharing="headwise", shared_projection=None, causal=False,
+                 bias=True, device=None, dtype=None):
+        if causal:
+            raise ValueError("Linformer cannot be causal: every projected key E k mixes all positions, the future "
+                             "included (notebook 04 shows the leak); use LinearAttention or PerformerAttention "
+                             "with causal=True.")
+        super().__init__(d_model, n_heads, bias=bias, device=device, dtype=dtype)
         count_projection_matrices(1, n_heads, sharing)  # validates the mode
         if not 1 <= k <= max_len:
             raise ValueError(f"k must satisfy 1 <= k <= max_len: Linformer projects max_len = {max_len} "
@@ -214,23 +228,25 @@ class LinformerSelfAttention(MultiHeadAttention):
             raise ValueError(f"shared_projection must have shape (k, max_len) = {(k, max_len)}, "
                              f"got {tuple(shared_projection.shape)}.")
         self.sharing, self.k, self.max_len = sharing, k, max_len
+        factory = dict(device=device, dtype=dtype)
         if sharing == "none":
-            self.E, self.F = projection_parameter(k, max_len, n_heads), projection_parameter(k, max_len, n_heads)
+            self.E = projection_parameter(k, max_len, n_heads, **factory)
+            self.F = projection_parameter(k, max_len, n_heads, **factory)
         elif sharing == "headwise":
-            self.E, self.F = projection_parameter(k, max_len), projection_parameter(k, max_len)
+            self.E, self.F = projection_parameter(k, max_len, **factory), projection_parameter(k, max_len, **factory)
         elif sharing == "key-value":
-            self.E = projection_parameter(k, max_len)
+            self.E = projection_parameter(k, max_len, **factory)
             self.F = self.E  # one Parameter registered under two names; parameters() yields it once
         else:
-            self.E = shared_projection if shared_projection is not None else projection_parameter(k, max_len)
+            self.E = shared_projection if shared_projection is not None else projection_parameter(k, max_len,
+                                                                                                  **factory)
             self.F = self.E
-        self.attention = self._linformer
 
-    def _linformer(self, q, k, v, *, causal=False, key_mask=None):
-        if causal:
-            raise ValueError("Linformer cannot be causal: every projected key E k mixes all positions, "
-                             "the future included (notebook 04 shows the leak).")
+    def attend(self, q, k, v, key_mask):
         return linformer_attention(q, k, v, self.E, self.F, key_mask=key_mask)  # (b, h, n, e)
+
+    def extra_repr(self):
+        return super().extra_repr() + f", max_len={self.max_len}, k={self.k}, sharing={self.sharing!r}"
 
 
 class EncoderLayer(nn.Module):
