@@ -72,6 +72,31 @@ def heatmap(matrix, *, colorscale="Viridis", zmin=None, zmax=None, x_title="key 
     return style(fig, x_title=x_title, y_title=y_title, **layout)
 
 
+
+BASELINE_COLORS = {"output 0": "#7f7f7f", "uniform": "#bcbd22"}  # gray and olive: apart from COLORS
+BASELINE_DASHES = ("dot", "dashdot", "longdashdot")  # the first, second, third line of the same answer
+
+
+def add_baselines(fig, x, baselines, *, row=None, col=None, showlegend=True):
+    """The trivial answers as horizontal lines across ``x``, one per ``name: value``; returns ``fig``.
+
+    An approximation's error means something only next to what knows nothing: an output of zero
+    (relative error 1) and uniform attention (every query gets the mean of V).  Lines whose name
+    starts with "output 0" are gray, "uniform …" olive; a second line of the same kind (another
+    value column, the worst row instead of the median) is dash-dotted.
+    """
+    x = np.asarray(x, dtype=float)
+    seen = {}
+    for name, value in baselines.items():
+        kind = next((k for k in BASELINE_COLORS if name.startswith(k)), None)
+        count = seen[kind] = seen.get(kind, -1) + 1
+        line = dict(color=BASELINE_COLORS.get(kind, "#7f7f7f"), dash=BASELINE_DASHES[count % len(BASELINE_DASHES)],
+                    width=2)
+        fig.add_trace(go.Scatter(x=rounded([x.min(), x.max()]), y=rounded([value, value]), mode="lines", name=name,
+                                 line=line, showlegend=showlegend), row=row, col=col)
+    return fig
+
+
 # --- Lesson 02 ---
 
 def spectrum_curves(curves, *, k_mark=None, title="Normalised cumulative singular values of P", height=440,

@@ -138,3 +138,31 @@ def test_bad_input_raises():
     for energy in (0, -0.1, 1.5):
         with pytest.raises(ValueError, match=r"energy must be a share in \(0, 1\]"):
             lowrank.rank_for_energy(np.eye(3), energy)
+
+
+@pytest.mark.parametrize("shape", [(8, 6, 3), (6, 8, 2), (10, 10, 12)])  # (n, s, e): tall, wide, e > r
+def test_output_truncation_errors_against_explicit_p_k_v(shape):
+    n, s, e = shape
+    P = _softmax_matrix(6, (2,), n, s, scale=2.0)  # (2, n, s)
+    V = np.random.default_rng(7).standard_normal((2, s, e))
+    errors = lowrank.output_truncation_errors(P, V)
+    assert errors.shape == (2, min(n, s))
+    for k in range(1, min(n, s) + 1):
+        explicit = np.linalg.norm(P @ V - lowrank.best_rank_k(P, k) @ V, axis=(-2, -1))
+        np.testing.assert_allclose(errors[..., k - 1], explicit, atol=1e-10)
+    relative = lowrank.output_truncation_errors(P, V, relative=True)
+    np.testing.assert_allclose(relative, errors / np.linalg.norm(P @ V, axis=(-2, -1))[:, None], rtol=1e-12)
+    np.testing.assert_allclose(lowrank.output_truncation_errors(P, V, method="gram"), errors, atol=1e-7)
+    # Eq. (2.7): the output error is at most σ_{k+1} ‖V‖_F
+    sigma = lowrank.singular_values(P)
+    assert np.all(errors[..., :-1] <= sigma[..., 1:] * np.linalg.norm(V, axis=(-2, -1))[:, None] * (1 + 1e-9))
+
+
+def test_output_truncation_errors_broadcast_one_v_and_reject_a_wrong_v():
+    P = _softmax_matrix(8, (3,), 6, 6)
+    V = np.random.default_rng(9).standard_normal((6, 2))
+    np.testing.assert_allclose(lowrank.output_truncation_errors(P, V)[1], lowrank.output_truncation_errors(P[1], V))
+    with pytest.raises(ValueError, match=r"V must have shape \(\.\.\., s, e\) with s = 6"):
+        lowrank.output_truncation_errors(P, V[:5])
+    with pytest.raises(ValueError, match="method must be"):
+        lowrank.output_truncation_errors(P, V, method="qr")

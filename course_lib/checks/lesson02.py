@@ -13,47 +13,82 @@ def _attention_matrix(seed, lead, n, s, sharpness=3.0):
     return weights / weights.sum(axis=-1, keepdims=True)
 
 
-# --- Exercise 2.1: the normalised cumulative spectrum --------------------------------------
+# --- Exercise 2.1: find the bug — a spectrum from eigenvalues ------------------------------
+# The exercise shows a cumulative spectrum built from |eigenvalues| of P, right for symmetric
+# matrices only, and asks for one that is right for every P.  Singular values by SVD or by the
+# square roots of the smaller Gram matrix's eigenvalues (Eq. 2.3) are both right.
 
-def _cumulative_with(*, power=1, normalise="total", order="descending", cumulative=True):
-    """Exercise 2.1's function, made with one slip."""
+def _cumulative_with(*, values="svd", normalise="total", order="descending", cumulative=True):
+    """Exercise 2.1's function, made with one slip in the values summed, their order or the sums."""
     def cumulative_spectrum(P):
-        sigma = np.linalg.svd(P, compute_uv=False) ** power  # (..., r), descending
+        if values == "svd":
+            sigma = np.linalg.svd(P, compute_uv=False)  # (..., r), descending
+        elif values == "eigenvalues":  # the bug of the exercise: |λᵢ(P)|, largest first
+            sigma = -np.sort(-np.abs(np.linalg.eigvals(P)), axis=-1)
+        elif values == "eigvalsh-of-P":  # treats P as symmetric: LAPACK reads one triangle only
+            sigma = -np.sort(-np.abs(np.linalg.eigvalsh(P)), axis=-1)
+        else:  # the Gram route with one slip
+            gram = P @ np.swapaxes(P, -1, -2)  # (..., n, n): the larger one when n > s
+            if values == "gram" and P.shape[-2] > P.shape[-1]:
+                gram = np.swapaxes(P, -1, -2) @ P  # (..., s, s): the smaller Gram matrix
+            eigenvalues = np.linalg.eigvalsh(gram)  # (..., r), ascending
+            sigma = {"gram-squared": eigenvalues[..., ::-1], "gram-ascending": np.sqrt(np.clip(eigenvalues, 0, None)),
+                     "gram-larger-side": np.sqrt(np.clip(eigenvalues, 0, None))[..., ::-1],
+                     "gram": np.sqrt(np.clip(eigenvalues, 0, None))[..., ::-1]}[values]
         if order == "ascending":
             sigma = sigma[..., ::-1]
         summed = np.cumsum(sigma, axis=-1) if cumulative else sigma
         if normalise == "total":
             return summed / sigma.sum(axis=-1, keepdims=True)
-        if normalise == "largest":
-            return summed / sigma.max(axis=-1, keepdims=True)
         return summed
     return cumulative_spectrum
 
 
 MISTAKES_2_1 = (
+    Mistake("eigenvalues", _cumulative_with(values="eigenvalues"),
+            "this is the bug: the eigenvalues of a non-symmetric P are not its singular values (the previous-token "
+            "head has |λ| = 1, 0, …, 0 but σ = √2, 1, 1, 1, 1, 0). Use np.linalg.svd(P, compute_uv=False), or the "
+            "square roots of the eigenvalues of P Pᵀ (Eq. 2.3)."),
+    Mistake("eigvalsh-of-P", _cumulative_with(values="eigvalsh-of-P"),
+            "np.linalg.eigvalsh assumes a symmetric matrix and reads one triangle of P only; an attention matrix is "
+            "not symmetric. Its singular values are the square roots of the eigenvalues of P Pᵀ (Eq. 2.3), or "
+            "np.linalg.svd(P, compute_uv=False)."),
+    Mistake("gram-squared", _cumulative_with(values="gram-squared"),
+            "the eigenvalues of P Pᵀ are σᵢ², and Eq. (2.2) sums the σᵢ themselves: take their square roots "
+            "(Eq. 2.3)."),
+    Mistake("gram-ascending", _cumulative_with(values="gram-ascending"),
+            "np.linalg.eigvalsh returns the eigenvalues in ascending order: reverse them (largest first) before the "
+            "cumulative sum, since c_k is the share of the k largest."),
+    Mistake("gram-larger-side", _cumulative_with(values="gram-larger-side"),
+            "for a tall P (n > s), P Pᵀ is n × n and has n − s zero eigenvalues too many: use Pᵀ P (s × s), the "
+            "smaller Gram matrix, so that you return r = min(n, s) values."),
     Mistake("not-normalised", _cumulative_with(normalise=None),
             "the curve must end at 1: divide the cumulative sum by the total σ₁ + … + σᵣ (Eq. 2.2)."),
-    Mistake("normalised-by-largest", _cumulative_with(normalise="largest"),
-            "divide by the sum of all singular values, not by the largest one σ₁ (Eq. 2.2)."),
-    Mistake("squared", _cumulative_with(power=2),
-            "Eq. (2.2) sums the singular values σᵢ themselves, as the Linformer figure does, not σᵢ²."),
-    Mistake("ascending", _cumulative_with(order="ascending"),
-            "add the singular values largest first: c_k is the share of the k largest (sort descending)."),
     Mistake("not-cumulative", _cumulative_with(cumulative=False),
             "each entry is the share of the first k singular values together: take a cumulative sum (np.cumsum)."),
 )
 
 
+def _previous_token_head(seed, n):
+    """A head that attends mostly to the token before (the first token to itself): softmax(6·shift + Z)."""
+    shift = np.eye(n, k=-1)
+    shift[0, 0] = 1.0
+    scores = 6 * shift + np.random.default_rng(seed).standard_normal((n, n))
+    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return weights / weights.sum(axis=-1, keepdims=True)
+
+
 def _cases_2_1():
     return [
+        ("a previous-token head, n = s = 6", (_previous_token_head(20, 6),), {}),
         ("P (6, 6)", (_attention_matrix(21, (), 6, 6),), {}),
         ("P (8, 5), more queries than keys", (_attention_matrix(22, (), 8, 5),), {}),
         ("batched P (2, 3, 7, 7)", (_attention_matrix(23, (2, 3), 7, 7),), {}),
     ]
 
 
-exercise_2_1 = Exercise("2.1", "the normalised cumulative spectrum of P", lowrank.cumulative_spectrum,
-                        _cases_2_1, MISTAKES_2_1, names=("cumulative",))
+exercise_2_1 = Exercise("2.1", "find the bug: a cumulative spectrum that is right for every P",
+                        lowrank.cumulative_spectrum, _cases_2_1, MISTAKES_2_1, names=("cumulative",))
 
 
 # --- Exercise 2.2: the rank that holds a share of the spectrum ------------------------------
@@ -94,47 +129,72 @@ exercise_2_2 = Exercise("2.2", "the rank that holds a share of the spectrum", lo
                         _cases_2_2, MISTAKES_2_2, names=("rank",))
 
 
-# --- Exercise 2.3: the best rank-k approximation and its error -----------------------------
+# --- Exercise 2.3: the output needs at most e directions ----------------------------------
+# Two relative errors of a rank-k output: P_k V (the best copy of P, applied to V) and the best
+# rank-k copy of the output P V itself.  The second is 0 from k = e on, since rank(PV) <= e.
 
-def _best_reference(P, k):
-    return lowrank.best_rank_k(P, k), lowrank.truncation_error(P, k)
+def _output_reference(P, V, k):
+    output = P @ V  # (..., n, e)
+    norm = np.linalg.norm(output, axis=(-2, -1))  # (...)
+    via_p = lowrank.output_truncation_errors(P, V)[..., k - 1] / norm  # Eq. (2.8)
+    rank = min(output.shape[-2:])
+    best = lowrank.truncation_errors(output)[..., k - 1] / norm if k < rank else np.zeros_like(norm)
+    return via_p, best
 
 
-def _best_with(*, keep=lambda k, r: slice(0, k), use_sigma=True, error_from=lambda k: k, sqrt=True):
-    """Exercise 2.3's function, made with one slip."""
-    def best_rank_k(P, k):
-        u, sigma, vh = np.linalg.svd(P, full_matrices=False)
-        kept = keep(k, sigma.shape[-1])
-        scale = sigma[..., None, kept] if use_sigma else 1.0
-        approx = (u[..., :, kept] * scale) @ vh[..., kept, :]
-        tail = (sigma[..., error_from(k):] ** 2).sum(axis=-1)
-        return approx, np.sqrt(tail) if sqrt else tail
-    return best_rank_k
+def _output_with(*, best_from="output", scale="output", keep=lambda k: k, first="output", order="fro"):
+    """Exercise 2.3's function, made with one slip in what is truncated, the norm or the scale."""
+    def norm(x):
+        return np.linalg.norm(x, ord=order, axis=(-2, -1))
+
+    def output_errors(P, V, k):
+        output = P @ V  # (..., n, e)
+        P_k = lowrank.best_rank_k(P, keep(k)) if keep(k) >= 1 else np.zeros_like(P)
+        if best_from == "output":
+            kept = min(keep(k), min(output.shape[-2:]))
+            best_copy = lowrank.best_rank_k(output, kept) if kept >= 1 else np.zeros_like(output)
+        else:  # the copy of P, applied to V, taken for the best output
+            best_copy = P_k @ V
+        via_p = norm(P - P_k) / norm(P) if first == "P" else norm(output - P_k @ V)
+        best = norm(output - best_copy)
+        if scale == "output":
+            return (via_p if first == "P" else via_p / norm(output)), best / norm(output)
+        return via_p, best
+    return output_errors
 
 
 MISTAKES_2_3 = (
-    Mistake("smallest", _best_with(keep=lambda k, r: slice(r - k, r)),
-            "keep the k largest singular values (the first k, as SVD returns them descending), not the last k."),
-    Mistake("off-by-one", _best_with(keep=lambda k, r: slice(0, k - 1), error_from=lambda k: k - 1),
+    Mistake("best-output-from-P", _output_with(best_from="P"),
+            "the best rank-k output is the truncated SVD of the output PV itself (Eckart–Young for the n × e matrix "
+            "PV): P_k V has rank at most k too, but it is the best copy of P, not of PV."),
+    Mistake("error-of-P", _output_with(first="P"),
+            "the first number is the error of the output, ‖PV − P_k V‖_F / ‖PV‖_F, not Eq. (2.6)'s error of P: "
+            "V weighs the directions of P unequally, so the two differ."),
+    Mistake("absolute", _output_with(scale=None),
+            "both errors are relative: divide by ‖PV‖_F."),
+    Mistake("off-by-one", _output_with(keep=lambda k: k - 1),
             "a rank-k copy keeps k terms σᵢ uᵢ vᵢᵀ, i = 1 … k (Python's slice :k)."),
-    Mistake("no-sigma", _best_with(use_sigma=False),
-            "each kept term is σᵢ uᵢ vᵢᵀ: scale the columns of U_k by the singular values (Eq. 2.5)."),
-    Mistake("error-squared", _best_with(sqrt=False),
-            "the Frobenius error is the square root of the tail sum σ²_{k+1} + … + σ²ᵣ (Eq. 2.6)."),
-    Mistake("error-includes-k", _best_with(error_from=lambda k: k - 1),
-            "the error sums the singular values that were dropped, σ_{k+1} onwards, not σ_k."),
+    Mistake("spectral-norm", _output_with(order=2),
+            "use the Frobenius norm, np.linalg.norm(x, axis=(-2, -1)) (the default for one matrix), not ord=2, "
+            "the largest singular value."),
 )
+
+
+def _values(seed, lead, s, e):
+    return np.random.default_rng(seed).standard_normal((*lead, s, e))
 
 
 def _cases_2_3():
     return [
-        ("P (6, 6), k = 2", (_attention_matrix(41, (), 6, 6), 2), {}),
-        ("P (7, 5), k = 3", (_attention_matrix(42, (), 7, 5), 3), {}),
-        ("batched P (2, 2, 6, 6), k = 1", (_attention_matrix(43, (2, 2), 6, 6), 1), {}),
+        ("P (8, 8), V (8, 3), k = 2", (_attention_matrix(41, (), 8, 8), _values(51, (), 8, 3), 2), {}),
+        ("P (8, 8), V (8, 3), k = 5 > e", (_attention_matrix(42, (), 8, 8), _values(52, (), 8, 3), 5), {}),
+        ("P (6, 9), V (9, 4), k = 3", (_attention_matrix(43, (), 6, 9), _values(53, (), 9, 4), 3), {}),
+        ("batched P (2, 3, 7, 7), V (2, 3, 7, 2), k = 1",
+         (_attention_matrix(44, (2, 3), 7, 7), _values(54, (2, 3), 7, 2), 1), {}),
     ]
 
 
-exercise_2_3 = Exercise("2.3", "the best rank-k approximation and its error", _best_reference, _cases_2_3,
-                        MISTAKES_2_3, names=("P_k", "error"))
+exercise_2_3 = Exercise("2.3", "the error of a rank-k output: P_k V against the best copy of PV", _output_reference,
+                        _cases_2_3, MISTAKES_2_3, names=("error of P_k V", "error of the best rank-k output"))
 
 EXERCISES = [exercise_2_1, exercise_2_2, exercise_2_3]

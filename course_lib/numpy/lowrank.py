@@ -135,3 +135,41 @@ def truncation_errors(P, *, relative=False, method="svd"):
     if relative:
         errors = errors / np.sqrt(tail[..., :1])
     return errors
+
+
+def output_truncation_errors(P, V, *, relative=False, method="svd"):
+    """‖P V − P_k V‖_F for every k = 1 … r: the output error of the best rank-k copy of P. Notebook 02, Eq. (2.8).
+
+    With P = Σᵢ σᵢ uᵢ wᵢᵀ (Eq. 2.1; wᵢ the right singular vectors), (P − P_k) V = Σ_{i>k} σᵢ uᵢ (wᵢᵀ V), and
+    the uᵢ are orthonormal, so the squared error is Σ_{i>k} σᵢ² ‖wᵢᵀ V‖²: one factorisation gives every k.
+
+    Args:
+        P: ``(..., n, s)``.
+        V: ``(..., s, e)``, broadcastable against P's leading axes.
+        relative: divide by ‖P V‖_F.
+        method: ``"svd"`` (the reference) or ``"gram"``: the right singular vectors and σᵢ² as the
+            eigenvectors and eigenvalues of Pᵀ P (s × s), faster for a stack of square matrices.
+
+    Returns:
+        ``(..., r)``, r = min(n, s); entry k-1 is the error of P_k V (0 at k = r).
+    """
+    P = _check_matrix(P)
+    V = np.asarray(V)
+    if V.ndim < 2 or V.shape[-2] != P.shape[-1]:
+        raise ValueError(f"V must have shape (..., s, e) with s = {P.shape[-1]} (P's last axis), got {V.shape}.")
+    if method == "svd":
+        _, sigma, vh = np.linalg.svd(P, full_matrices=False)  # (..., r), (..., r, s)
+        energy = sigma**2  # (..., r)
+    elif method == "gram":
+        energy, w = np.linalg.eigh(np.swapaxes(P, -1, -2) @ P)  # (..., s), (..., s, s), ascending
+        energy, vh = np.clip(energy[..., ::-1], 0.0, None), np.swapaxes(w[..., ::-1], -1, -2)  # largest first
+        r = min(P.shape[-2:])
+        energy, vh = energy[..., :r], vh[..., :r, :]  # beyond r the eigenvalues are 0
+    else:
+        raise ValueError(f"method must be 'svd' or 'gram', got {method!r}.")
+    through = energy * (np.abs(vh @ V) ** 2).sum(axis=-1)  # (..., r): σᵢ² ‖wᵢᵀ V‖²
+    tail = np.cumsum(through[..., ::-1], axis=-1)[..., ::-1]  # tail[i] = sum from i on (0-based)
+    errors = np.sqrt(np.concatenate([tail[..., 1:], np.zeros_like(tail[..., :1])], axis=-1))  # (..., r)
+    if relative:
+        errors = errors / np.linalg.norm(P @ V, axis=(-2, -1))[..., None]
+    return errors
