@@ -89,6 +89,19 @@ def test_linformer_eps_inverts_linformer_min_k():
     assert jl.linformer_min_k(n, jl.linformer_eps(n, 250)) == 250
 
 
+
+def test_linformer_theorem2_eps_inverts_linformer_theorem2_k():
+    # n = 128, d = 32: the ln n term (5 ln 128 = 24.26) is the smaller, so ε(k) = √(24.26 / k)
+    assert jl.linformer_theorem2_eps(128, 32, 64) == pytest.approx(math.sqrt(5 * math.log(128) / 64), rel=1e-12)
+    assert math.isnan(jl.linformer_theorem2_eps(128, 32, 24))  # 24.26 / 24 > 1: no ε < 1
+    for n, d, k in ((128, 32, 256), (10**6, 2, 5000), (512, 64, 100)):
+        eps = jl.linformer_theorem2_eps(n, d, k)
+        assert 0 < eps < 1
+        assert jl.linformer_theorem2_k(n, d, eps * (1 + 1e-9)) <= k
+        assert jl.linformer_theorem2_k(n, d, eps) in (k, k + 1)  # the ceiling may round k itself up by one
+    with pytest.raises(ValueError, match="k"):
+        jl.linformer_theorem2_eps(128, 32, 0)
+
 # --- Statistics of the projections (seeded) --------------------------------------------------
 
 @pytest.mark.parametrize("family", PROJECTIONS)

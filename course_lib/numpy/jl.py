@@ -294,6 +294,27 @@ def linformer_eps(n, k):
     return _solve_increasing(lambda e: e**2 - e**3, target, 0.0, 2 / 3)
 
 
+
+def linformer_theorem2_eps(n, d, k):
+    """The ε of Theorem 2 for k dimensions, constants taken literally (``linformer_theorem2_k`` inverted).
+
+    Notebook 03, Eq. (3.7): ε = √(min{9 d ln d, 5 ln n} / k).  An order of magnitude, like Eq. (3.7)
+    itself; NaN when it reaches 1 or more, where the theorem says nothing.
+
+    Args:
+        n: sequence length, n >= 2.
+        d: head dimension, d >= 2.
+        k: projected length, k >= 1.
+
+    Returns:
+        ε as a float (NaN when ε >= 1).
+    """
+    _check_int("n", n, 2, "the sequence length")
+    _check_int("d", d, 2, "the head dimension")
+    _check_int("k", k, 1, "the projected length")
+    eps = math.sqrt(min(9 * d * math.log(d), 5 * math.log(n)) / k)
+    return eps if eps < 1 else math.nan
+
 # --- Theorem 1 on attention -----------------------------------------------------------------
 
 def projected_attention_error(P, v, R):
