@@ -141,23 +141,27 @@ def _outputs(variants, n=48, **sizes):
 
 
 def test_causal_variants_are_causal_and_agree_with_their_twins():
-    out = _outputs(["exact", "sdpa", "causal_exact", "causal_sdpa", "causal_linear", "causal_linear_chunked"],
-                   chunk=8)
+    out = _outputs(["exact", "sdpa", "causal_exact", "causal_sdpa", "causal_linear", "causal_linear_prefix",
+                    "causal_linear_chunked"], chunk=8)
     torch.testing.assert_close(out["exact"], out["sdpa"], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out["causal_exact"], out["causal_sdpa"], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(out["causal_linear"], out["causal_linear_chunked"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out["causal_linear"], out["causal_linear_prefix"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out["causal_linear"], out["causal_linear_chunked"], atol=0, rtol=0)
+    favor = _outputs(["causal_performer", "causal_performer_prefix", "causal_performer_chunked"], m=16)
+    torch.testing.assert_close(favor["causal_performer"], favor["causal_performer_prefix"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(favor["causal_performer"], favor["causal_performer_chunked"], atol=0, rtol=0)
     assert not torch.allclose(out["exact"], out["causal_exact"], atol=1e-3)  # the mask is really applied
     # Causal: the last query sees every key, so its row is the non-causal row.
     torch.testing.assert_close(out["exact"][..., -1, :], out["causal_exact"][..., -1, :], atol=1e-5, rtol=1e-5)
 
 
-def test_chunked_causal_linear_backward_stays_below_the_prefix_sum_states():
+def test_default_causal_linear_backward_stays_below_the_prefix_sum_states():
     # Prefix sums store n states of f × e for the backward (h·n·d·d·4 bytes = 8 MiB here, and
-    # their gradients as many); the chunked form keeps one state per chunk of 64 (128 KiB).
+    # their gradients as many); the default chunked form keeps one state per chunk (128 KiB for c = 64).
     case = dict(n=N, mode="forward+backward", **SMALL)
     states = SMALL["h"] * N * SMALL["d"] ** 2 * 4
-    prefix = bench.run_case(bench.Case("causal_linear", **case))["peak_bytes"]
-    chunked = bench.run_case(bench.Case("causal_linear_chunked", chunk=64, **case))["peak_bytes"]
+    prefix = bench.run_case(bench.Case("causal_linear_prefix", **case))["peak_bytes"]
+    chunked = bench.run_case(bench.Case("causal_linear", **case))["peak_bytes"]  # chunk 0: the library's default
     if bench.clear_refs_available():
         assert prefix >= states > chunked and prefix > 4 * chunked, (prefix, chunked)
 
@@ -216,33 +220,80 @@ def test_out_of_memory_is_status_oom_in_one_line(capsys, monkeypatch):
     assert bench.is_out_of_memory(MemoryError()) and not bench.is_out_of_memory(ValueError("out of range"))
 
 
-def test_generation_times_three_methods_that_compute_the_same_attention(tmp_path):
-    rows = generation.run(64, h=2, d=16, repeats=1, warmup=0, count=4)
+def test_generation_times_every_method_and_they_compute_the_same_attention():
+    rows = generation.run(64, h=2, d=16, repeats=2, warmup=0, count=4)
     grid = generation.positions(64, 4)
     assert grid == [1, 4, 16, 64]
     assert [(r["method"], r["position"]) for r in rows] == [(m, p) for p in grid for m in generation.METHODS]
     state = {(r["method"], r["position"]): r["state_bytes"] for r in rows}
     assert state["linear_step", 1] == state["linear_step", 64] == 2 * 16 * 17 * 4  # S and Z: constant
     assert state["softmax_cache", 64] == 64 * state["softmax_cache", 1]  # the cache grows with t
+    for r in rows:
+        assert 0 < r["time_min_s"] <= r["time_median_s"] and r["cpu_min_s"] >= 0 and r["threads"] >= 1
+        assert r["ratio_to_linear_step"] == r["time_min_s"] / state_time(rows, "linear_step", r["position"])
     tokens = generation.Generation(64, h=2, d=16)
     tokens.advance(40)
-    cached, recomputed = tokens.step("softmax_cache")(), tokens.step("softmax_no_cache")()
-    torch.testing.assert_close(cached[..., 0, :], recomputed[..., -1, :], atol=1e-5, rtol=1e-5)
-    stepped, _ = tokens.step("linear_step")()  # the RNN step from the state of 40 tokens = row 41 of the parallel form
+    saved = tokens.snapshot()
+    outputs = {}
+    with torch.inference_mode():
+        for method in (*generation.METHODS, "linear_step"):  # linear_step twice: restore puts the state back
+            out = tokens.step(method)()
+            outputs.setdefault(method, []).append((out[0] if isinstance(out, tuple) else out).clone())
+            tokens.restore(saved)
+    outputs = {method: values[0] for method, values in outputs.items()} | {"again": outputs["linear_step"][-1]}
+    torch.testing.assert_close(outputs["softmax_cache"], outputs["softmax_no_cache"][..., -1, :], atol=1e-5, rtol=1e-5)
+    # the recurrent steps from the state of 40 tokens = row 41 of the parallel causal form
     parallel = causal_linear_attention(tokens.q[..., :41, :], tokens.k[..., :41, :], tokens.v[..., :41, :])
-    torch.testing.assert_close(stepped, parallel[..., -1, :], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outputs["linear_step"], parallel[..., -1, :], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outputs["linear_step_functional"], parallel[..., -1, :], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outputs["again"], outputs["linear_step"], atol=0, rtol=0)
+
+
+def state_time(rows, method, position):
+    return next(r["time_min_s"] for r in rows if r["method"] == method and r["position"] == position)
+
+
+def test_generation_ratios_crossover_and_totals():
+    def rows_of(linear, cache):
+        return ([{"method": "linear_step", "position": p, "time_min_s": t, "cpu_min_s": t} for p, t in linear.items()]
+                + [{"method": "softmax_cache", "position": p, "time_min_s": t, "cpu_min_s": t}
+                   for p, t in cache.items()])
+    rows = rows_of({1: 2.0, 16: 2.0, 256: 2.0, 4096: 2.0}, {1: 1.0, 16: 3.0, 256: 1.5, 4096: 60.0})
+    assert generation.ratios(rows) == {1: 0.5, 16: 1.5, 256: 0.75, 4096: 30.0}
+    assert generation.crossover(rows) == (256, 4096)  # cheaper at 16, but not yet for good
+    assert generation.crossover(rows_of({1: 1.0, 8: 1.0}, {1: 2.0, 8: 3.0})) == (0, 1)  # from the first token
+    assert generation.crossover(rows_of({1: 1.0, 8: 1.0}, {1: 2.0, 8: 0.5})) is None
+    totals = rows_of({1: 1.0, 3: 1.0}, {1: 1.0, 3: 3.0})
+    assert generation.total_time(totals, "linear_step") == 3.0  # 1 + (3 - 1)·1
+    assert generation.total_time(totals, "softmax_cache") == 5.0  # 1 + (3 - 1)·(1 + 3)/2
 
 
 def test_generation_command_writes_its_csv_and_report(tmp_path):
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
         code = bench.main(["--generation", "--n", "32", "--h", "1", "--d", "8", "--positions", "3", "--repeats",
-                           "1", "--warmup", "0", "--csv", str(tmp_path / "gen.csv")])
+                           "2", "--warmup", "0", "--csv", str(tmp_path / "gen.csv")])
     assert code == 0
     rows = bench.read_csv(tmp_path / "gen.csv")
     assert list(rows[0]) == generation.COLUMNS and len(rows) == 3 * len(generation.METHODS)
     assert "Plotly.newPlot" in (tmp_path / "gen.html").read_text()
-    assert "softmax_no_cache takes" in out.getvalue()
+    text = out.getvalue()
+    assert "softmax_cache / linear_step" in text and "linear_step is cheaper than softmax_cache" in text
+
+
+def test_shipped_generation_csv_reads_and_meets_its_claims():
+    from course_lib import data_path
+
+    rows = bench.read_csv(data_path("bench_generation_cpu.csv"))
+    assert list(rows[0]) == generation.COLUMNS
+    assert {r["method"] for r in rows} == set(generation.METHODS) and {r["threads"] for r in rows} == {1}
+    assert {1024, 4096, 16384} <= {r["position"] for r in rows}
+    assert any(line.startswith("softmax_cache / linear_step") for line in generation.report(rows))
+    # The claims of issue 19 that notebook 07 quotes from this file: at token 4,096 the in-place step is
+    # at least 30× cheaper than the fair cached softmax step, and flat in position (4,096 against 16).
+    assert generation.ratios(rows)[4096] >= 30
+    linear = {r["position"]: r["time_min_s"] for r in rows if r["method"] == "linear_step"}
+    assert linear[4096] / linear[16] <= 1.3 and generation.crossover(rows) is not None
 
 
 def test_worker_reports_a_failure_in_one_line(capsys):

@@ -8,9 +8,9 @@ the other), fp32, on the CPU unless ``--device cuda``:
    and reported as the minimum over repeats (the least disturbed run on a shared machine), as
    wall and as CPU time; and the mean absolute error of FAVOR+ against the exact output (SDPA
    in float64, a block of queries at a time).
-2. ``causal``: h = 4, d = 64, n = 4,096, m = 256, causal FAVOR+ forward+backward through the
-   chunked path (memory linear in n): minimum time, and the peak memory the call held above
-   what was in use before it (``course_lib.bench.peak_memory``).
+2. ``causal``: h = 4, d = 64, n = 4,096, m = 256, causal FAVOR+ forward+backward as called by
+   default (the chunked form, ``DEFAULT_CHUNK_SIZE``; memory linear in n): minimum time, and the
+   peak memory the call held above what was in use before it (``course_lib.bench.peak_memory``).
 
 Inputs are standard normal (so qᵀk/√d has unit variance), ω is block-orthogonal with χ norms.
 Usage: ``python tools/bench_performer.py [--threads 2] [--repeats 5] [--device cpu] [--cases ...]``.
@@ -90,7 +90,7 @@ def causal_case(device, repeats):
     grad = torch.randn_like(v)
 
     def step():
-        out = performer_attention(*leaves, omega, causal=True, chunk_size=DEFAULT_CHUNK_SIZE)
+        out = performer_attention(*leaves, omega, causal=True)  # the default call: chunked
         out.backward(grad)
         for x in leaves:
             x.grad = None

@@ -92,6 +92,14 @@ def chunked_flops(case):
     return linear_flops(case) + 2 * case.b * case.h * case.n * chunk_size(case) * (case.d + case.d)
 
 
+def chunked_performer_flops(case):
+    """Chunked causal FAVOR+: ``performer_flops`` plus, per chunk of c, the c × c blocks with f = m features.
+
+    Notebook 08, Eq. (8.6) with notebook 06, Eq. (6.6).  FLOPs = performer + 2·b·h·n·c·(m + e).
+    """
+    return performer_flops(case) + 2 * case.b * case.h * case.n * chunk_size(case) * (case.m + case.d)
+
+
 def performer_flops(case):
     """FAVOR+: q ωᵀ and k ωᵀ ``(n, d)·(d, m)``, then linear attention with f = m features.
 
@@ -144,22 +152,29 @@ def _build_linformer_reference(case, t):
     return (lambda: softmax_attention(t["q"], project_sequence(E, t["k"]), project_sequence(F, t["v"]))), leaves
 
 
-def _build_linear(case, t, causal=False, chunked=False):
+def _chunk_option(case, prefix):
+    """The ``chunk_size`` keyword of a causal call: None (prefix sums), the case's chunk, or none (the default)."""
+    if prefix:
+        return {"chunk_size": None}
+    return {"chunk_size": case.chunk} if case.chunk else {}  # no keyword at all: the library's default call
+
+
+def _build_linear(case, t, causal=False, prefix=False):
     from course_lib.torch import linear
 
     if not causal:
         return (lambda: linear.linear_attention(t["q"], t["k"], t["v"])), _qkv(t)
-    chunk = chunk_size(case) if chunked else None
-    return (lambda: linear.causal_linear_attention(t["q"], t["k"], t["v"], chunk_size=chunk)), _qkv(t)
+    options = _chunk_option(case, prefix)
+    return (lambda: linear.causal_linear_attention(t["q"], t["k"], t["v"], **options)), _qkv(t)
 
 
-def _build_performer(case, t, causal=False, chunked=False):
+def _build_performer(case, t, causal=False, prefix=False):
     from course_lib.torch.performer import performer_attention, random_matrix
 
     # ω is drawn once, outside the timed call: redrawing features is the caller's choice, not the kernel's cost.
     omega = random_matrix(case.m, case.d, t["gen"]).to(t["q"])  # (f, d)
-    chunk = chunk_size(case) if chunked else None
-    return (lambda: performer_attention(t["q"], t["k"], t["v"], omega, causal=causal, chunk_size=chunk)), _qkv(t)
+    options = _chunk_option(case, prefix) if causal else {}
+    return (lambda: performer_attention(t["q"], t["k"], t["v"], omega, causal=causal, **options)), _qkv(t)
 
 
 @dataclasses.dataclass
@@ -187,16 +202,20 @@ VARIANTS = {
     "linformer_reference": Variant(_build_linformer_reference, linformer_flops, ("k",),
                                    "the same projections, then the step-by-step softmax_attention"),
     "linear": Variant(_build_linear, linear_flops, about="linear_attention, elu+1 features (non-causal)"),
-    "causal_linear": Variant(_causal(_build_linear), linear_flops, about="causal_linear_attention by prefix sums "
-                             "(backward stores n states of f × e)"),
-    "causal_linear_chunked": Variant(_causal(_build_linear, chunked=True), chunked_flops, ("chunk",),
-                                     "causal_linear_attention, chunked (memory linear in n, forward and backward)"),
+    "causal_linear": Variant(_causal(_build_linear), chunked_flops, ("chunk",), "causal_linear_attention as called "
+                             "by default: chunked, DEFAULT_CHUNK_SIZE (or --chunk); memory linear in n"),
+    "causal_linear_prefix": Variant(_causal(_build_linear, prefix=True), linear_flops, about="causal_linear_attention"
+                                    "(chunk_size=None): prefix sums, the teaching form (backward stores n states)"),
+    "causal_linear_chunked": Variant(_causal(_build_linear), chunked_flops, ("chunk",), "the same call as "
+                                     "causal_linear (the name older commands and stored grids use)"),
     "performer": Variant(_build_performer, performer_flops, ("m",), "performer_attention, positive features (FAVOR+), "
                          "m random features"),
-    "causal_performer": Variant(_causal(_build_performer), performer_flops, ("m",), "performer_attention, "
-                                "causal=True (prefix sums)"),
-    "causal_performer_chunked": Variant(_causal(_build_performer, chunked=True), performer_flops, ("m", "chunk"),
-                                        "performer_attention, causal=True, chunked (memory linear in n)"),
+    "causal_performer": Variant(_causal(_build_performer), chunked_performer_flops, ("m", "chunk"),
+                                "performer_attention(causal=True) as called by default: chunked"),
+    "causal_performer_prefix": Variant(_causal(_build_performer, prefix=True), performer_flops, ("m",),
+                                       "performer_attention(causal=True, chunk_size=None): prefix sums"),
+    "causal_performer_chunked": Variant(_causal(_build_performer), chunked_performer_flops, ("m", "chunk"),
+                                        "the same call as causal_performer (the name older commands use)"),
 }
 
 
