@@ -93,6 +93,11 @@ def _reshape_only(x, n_heads):
     return x.reshape(*lead, n_heads, n, width // n_heads)
 
 
+def _heads_first(x, n_heads):
+    *lead, n, width = x.shape
+    return np.moveaxis(x.reshape(*lead, n, n_heads, width // n_heads), -2, 0)  # (h, ..., n, d)
+
+
 def _heads_inner(x, n_heads):
     *lead, n, width = x.shape
     x = x.reshape(*lead, n, width // n_heads, n_heads)  # (..., n, d, h)
@@ -105,6 +110,9 @@ MISTAKES_1_2 = (
             "(..., n, h, d) first, then swap the n and h axes."),
     Mistake("heads-inner", _heads_inner,
             "head j owns the j-th block of d consecutive columns: split the width as (h, d), not (d, h)."),
+    Mistake("heads-before-batch", _heads_first,
+            "np.moveaxis(x, -2, 0) puts the head axis in front of the batch axis, which is right only without "
+            "leading axes: move it to -3, just before n, so that (..., n, h, d) becomes (..., h, n, d)."),
 )
 
 
