@@ -142,10 +142,11 @@ def _output_reference(P, V, k):
     return via_p, best
 
 
-def _output_with(*, best_from="output", scale="output", keep=lambda k: k, first="output", order="fro"):
+def _output_with(*, best_from="output", scale="output", keep=lambda k: k, first="output", order="fro",
+                 whole_stack=False):
     """Exercise 2.3's function, made with one slip in what is truncated, the norm or the scale."""
     def norm(x):
-        return np.linalg.norm(x, ord=order, axis=(-2, -1))
+        return np.linalg.norm(x) if whole_stack else np.linalg.norm(x, ord=order, axis=(-2, -1))
 
     def output_errors(P, V, k):
         output = P @ V  # (..., n, e)
@@ -177,6 +178,9 @@ MISTAKES_2_3 = (
     Mistake("spectral-norm", _output_with(order=2),
             "use the Frobenius norm, np.linalg.norm(x, axis=(-2, -1)) (the default for one matrix), not ord=2, "
             "the largest singular value."),
+    Mistake("norm-of-the-stack", _output_with(whole_stack=True),
+            "np.linalg.norm(x) without an axis takes one norm of the whole stack of matrices: pass "
+            "axis=(-2, -1) to get one error per matrix, shape (...)."),
 )
 
 
