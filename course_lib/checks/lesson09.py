@@ -1,72 +1,134 @@
-"""Checks for the lesson 09 exercises (putting it together: crossovers and choosing a variant)."""
-
-import math
+"""Checks for the lesson 09 exercises (Eckart–Young truncation of P, signed weights, choosing a variant)."""
 
 import numpy as np
 
 from course_lib.checks import Exercise, Mistake
 
-# --- Exercise 9.1: the crossover n from a timing table ----------------------------------------
+# --- Exercise 9.1: the best rank-k attention matrix (Eckart–Young) ------------------------------
 
-def _crossover(n, t_variant, t_reference, *, first=False, log_n=True, direction=1, interpolate=True):
-    """The n from which the variant stays faster (Eq. 9.4), made with optional slips."""
-    n, t_variant, t_reference = (np.asarray(x, dtype=float) for x in (n, t_variant, t_reference))
-    slower = t_variant >= t_reference  # (points,)
-    if not slower.any():
-        return float(n[0])  # faster at every measured n: the crossover is at or below the grid
-    if slower[-1]:
-        return math.inf  # still slower at the largest n: no crossover in the data
-    if first:
-        i = int(np.argmin(slower)) - 1  # the slip: the point before the first faster one
-        if i < 0:
-            return float(n[0])
-    else:
-        i = int(np.nonzero(slower)[0][-1])  # the last point where the variant is not faster
-    r = np.log(t_variant[i : i + 2] / t_reference[i : i + 2])  # (2,): ≥ 0, then < 0
-    if not interpolate:
-        return float(n[i + 1])
-    x = np.log(n[i : i + 2]) if log_n else n[i : i + 2]
-    share = r[0] / (r[0] - r[1]) if direction == 1 else -r[1] / (r[0] - r[1])
-    cross = x[0] + share * (x[1] - x[0])
-    return float(np.exp(cross) if log_n else cross)
+def _truncated_reference(P, v, k):
+    u, sigma, vt = np.linalg.svd(P, full_matrices=False)  # P = U Σ Vᵀ, singular values descending
+    P_k = (u[..., :, :k] * sigma[..., None, :k]) @ vt[..., :k, :]  # (..., n, s): the top k terms
+    return P_k, P_k @ v  # (..., n, e)
 
 
-def _crossover_reference(n, t_variant, t_reference):
-    return _crossover(n, t_variant, t_reference)
+def _smallest_directions(P, v, k):
+    vt = np.linalg.svd(P, full_matrices=False)[2][..., -k:, :]  # the k SMALLEST singular directions
+    P_k = P @ np.swapaxes(vt, -1, -2) @ vt
+    return P_k, P_k @ v
+
+
+def _left_on_the_right(P, v, k):
+    u = np.linalg.svd(P, full_matrices=False)[0][..., :, :k]  # (..., n, k): left singular vectors
+    P_k = P @ u @ np.swapaxes(u, -1, -2)  # only defined for n = s, and wrong
+    return P_k, P_k @ v
+
+
+def _truncated_values(P, v, k):
+    u, sigma, vt = np.linalg.svd(v, full_matrices=False)
+    v_k = (u[..., :, :k] * sigma[..., None, :k]) @ vt[..., :k, :]  # the best rank-k V instead
+    return P, P @ v_k
+
+
+def _top_k_keys(P, v, k):
+    strongest = np.argsort(-np.linalg.norm(P, axis=-2), axis=-1)[..., :k]  # (..., k): the most attended keys
+    keep = np.zeros(P.shape[:-2] + P.shape[-1:], dtype=bool)
+    np.put_along_axis(keep, strongest, True, axis=-1)
+    P_k = np.where(keep[..., None, :], P, 0.0)
+    return P_k, P_k @ v
 
 
 MISTAKES_9_1 = (
-    Mistake("first-crossing", lambda *a: _crossover(*a, first=True),
-            "you took the first n where the variant is faster; a noisy early point can dip below and rise "
-            "again. The crossover is after the LAST point where the variant is not faster."),
-    Mistake("no-interpolation", lambda *a: _crossover(*a, interpolate=False),
-            "you returned the grid point after the crossing; interpolate between the two points around it "
-            "where log(t_variant / t_reference) changes sign."),
-    Mistake("linear-in-n", lambda *a: _crossover(*a, log_n=False),
-            "you interpolated linearly in n; timings are power laws in n, so interpolate in log n (the "
-            "grid is log-spaced: n doubles from point to point)."),
-    Mistake("wrong-direction", lambda *a: _crossover(*a, direction=-1),
-            "the interpolation weight is measured from the wrong end: the fraction of the way from n_i is "
-            "r_i / (r_i − r_(i+1)) with r = log(t_variant / t_reference)."),
+    Mistake("smallest-directions", _smallest_directions,
+            "you kept the k SMALLEST singular directions: np.linalg.svd returns them in descending order (keep "
+            "the first k), np.linalg.eigh in ascending order (keep the last k)."),
+    Mistake("left-on-the-right", _left_on_the_right,
+            "P U_k U_kᵀ mixes the two sides: U's columns live in query space. Keep P's top-k terms, "
+            "U_k Σ_k V_kᵀ — equivalently P V_k V_kᵀ or U_k U_kᵀ P."),
+    Mistake("truncated-values", _truncated_values,
+            "you truncated V, not P: Eckart–Young's rank-k truncation is of the attention matrix P; return "
+            "P_k and P_k v."),
+    Mistake("top-k-keys", _top_k_keys,
+            "keeping the k most attended keys is a choice of k positions; the best rank-k matrix keeps k "
+            "directions, mixtures of all s positions (the truncated SVD)."),
 )
 
 
+def _softmax_rows(rng, *shape, scale=2.0):
+    scores = scale * rng.standard_normal(shape)
+    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return weights / weights.sum(axis=-1, keepdims=True)
+
+
 def _cases_9_1():
-    n = [256, 512, 1024, 2048, 4096, 8192]
-    exact = [0.002, 0.009, 0.04, 0.17, 0.7, 2.9]
+    rng = np.random.default_rng(91)
     return [
-        ("a clean crossing between 1024 and 2048", (n, [0.01, 0.02, 0.05, 0.09, 0.18, 0.36], exact), {}),
-        ("a noisy dip at n = 512, then the real crossing", (n, [0.004, 0.008, 0.06, 0.1, 0.2, 0.4], exact), {}),
-        ("never faster", (n[:3], [1.0, 2.0, 4.0], exact[:3]), {}),
-        ("faster everywhere", (n[:3], [0.001, 0.002, 0.004], exact[:3]), {}),
+        ("n = s = 6, k = 2", (_softmax_rows(rng, 6, 6), rng.standard_normal((6, 3)), 2), {}),
+        ("n = s = 10, k = 4", (_softmax_rows(rng, 10, 10), rng.standard_normal((10, 4)), 4), {}),
+        ("batched (2, 3), n = s = 8, k = 3", (_softmax_rows(rng, 2, 3, 8, 8), rng.standard_normal((2, 3, 8, 5)), 3),
+         {}),
+        ("n = 5 queries, s = 7 keys, k = 2", (_softmax_rows(rng, 5, 7), rng.standard_normal((7, 3)), 2), {}),
     ]
 
 
-exercise_9_1 = Exercise("9.1", "the crossover n from a timing table", _crossover_reference, _cases_9_1,
-                        MISTAKES_9_1, names=("crossover_n",), atol=1e-6, rtol=1e-6)
+exercise_9_1 = Exercise("9.1", "the best rank-k attention matrix (Eckart–Young)", _truncated_reference, _cases_9_1,
+                        MISTAKES_9_1, names=("P_k", "output"), atol=1e-8, rtol=1e-6)
 
 
-# --- Exercise 9.2: choose a variant for a budget -----------------------------------------------
+# --- Exercise 9.2: signed weights — the output and its cancellation ---------------------------------
+
+def _signed(w, values, *, divide="signed", ratio="abs"):
+    """The output of signed weights and each row's cancellation ratio (Eq. 9.2), with optional slips."""
+    w, values = np.asarray(w, dtype=float), np.asarray(values, dtype=float)
+    if divide == "relu":
+        w = np.maximum(w, 0.0)
+    z = w.sum(axis=-1)  # (..., n): the normaliser, a signed sum
+    total = np.abs(w).sum(axis=-1)  # (..., n): Σ_j |w_ij|
+    with np.errstate(divide="ignore", invalid="ignore"):  # a slip may divide by 0: its NaN is its answer
+        out = (w @ values) / (np.abs(z) if divide == "abs" else z)[..., None]  # (..., n, e)
+        cancel = {"abs": np.abs(z) / total, "signed": z / total, "sum-first": np.abs(z) / np.abs(z)}[ratio]
+    return out, cancel
+
+
+def _signed_reference(w, values):
+    return _signed(w, values)
+
+
+MISTAKES_9_2 = (
+    Mistake("divided-by-abs", lambda *a: _signed(*a, divide="abs"),
+            "a negative normaliser is harmless: w and z change sign together (E → −E leaves the output as it is), "
+            "so divide by z itself; dividing by |z| flips every output whose z < 0."),
+    Mistake("signed-ratio", lambda *a: _signed(*a, ratio="signed"),
+            "the cancellation ratio is |z_i| / Σ_j |w_ij|, between 0 and 1: take the absolute value of z_i too "
+            "(its sign says nothing, as the output shows)."),
+    Mistake("sum-then-abs", lambda *a: _signed(*a, ratio="sum-first"),
+            "Σ_j |w_ij| takes absolute values first, then sums; |Σ_j w_ij| is |z_i| itself, and the ratio is "
+            "then always 1."),
+    Mistake("dropped-negative-weights", lambda *a: _signed(*a, divide="relu"),
+            "you clipped the negative weights: that is another attention, not the one Eq. (9.2) computes; keep "
+            "the signed weights and measure how much they cancel."),
+)
+
+
+def _signed_case(rng, *lead, n, k, e):
+    w = rng.standard_normal((*lead, n, k)) + 0.2  # mixed signs; some rows' sums are negative
+    return w, rng.standard_normal((*lead, k, e))
+
+
+def _cases_9_2():
+    rng = np.random.default_rng(92)
+    return [
+        ("n = 6 queries, k = 4 projected keys, e = 3", _signed_case(rng, n=6, k=4, e=3), {}),
+        ("n = 12, k = 5, e = 2", _signed_case(rng, n=12, k=5, e=2), {}),
+        ("batched (2, 3), n = 8, k = 4, e = 5", _signed_case(rng, 2, 3, n=8, k=4, e=5), {}),
+    ]
+
+
+exercise_9_2 = Exercise("9.2", "signed weights: the output and its cancellation", _signed_reference, _cases_9_2,
+                        MISTAKES_9_2, names=("output", "cancellation ratio"), atol=1e-9, rtol=1e-7)
+
+
+# --- Exercise 9.3: choose a variant for a budget -----------------------------------------------
 
 def _choose(times, peaks, causal_ok, fixed_length, *, need_causal, variable_length, memory_cap,
             check_memory=True, check_causal=True, check_length=True, by="time", strict=False):
@@ -94,7 +156,7 @@ def _slip(**slip):
     return lambda *a, **kw: _choose(*a, **kw, **slip)
 
 
-MISTAKES_9_2 = (
+MISTAKES_9_3 = (
     Mistake("ignores-memory", _slip(check_memory=False),
             "the pick exceeds the memory cap: drop every variant whose peak memory is above memory_cap first."),
     Mistake("ignores-causal", _slip(check_causal=False),
@@ -117,7 +179,7 @@ _CAUSAL = [True, True, False, False, True, False]
 _FIXED = [False, False, True, False, False, False]
 
 
-def _cases_9_2():
+def _cases_9_3():
     table = (_TIMES, _PEAKS, _CAUSAL, _FIXED)
     return [
         ("encoder, fixed length, 64 MiB", table, dict(need_causal=False, variable_length=False, memory_cap=64.0)),
@@ -136,7 +198,7 @@ def _cases_9_2():
     ]
 
 
-exercise_9_2 = Exercise("9.2", "choose a variant for a budget", _choose_reference, _cases_9_2, MISTAKES_9_2,
+exercise_9_3 = Exercise("9.3", "choose a variant for a budget", _choose_reference, _cases_9_3, MISTAKES_9_3,
                         names=("index",), atol=0, rtol=0)
 
-EXERCISES = [exercise_9_1, exercise_9_2]
+EXERCISES = [exercise_9_1, exercise_9_2, exercise_9_3]
