@@ -10,8 +10,9 @@ point; orthogonal versus i.i.d. rows, positive versus trigonometric features.  H
 the two trivial answers every error is read against: outputting zeros (MSE = mean of the exact
 output squared) and uniform attention, the mean of V for every query.
 
-Everything in float64 with ``course_lib.torch`` on one thread (one seeded ``torch.Generator``);
-about 4 minutes on a quiet 2-core CPU.  Saved arrays: ``ms (M,)``, ``sigmas (S,)``,
+Everything in float64 with ``course_lib.torch`` on one thread (one seeded ``torch.Generator``).
+The stored file took 944 s (``seconds``) on the shared 2-core machine under a load of about 15;
+most of it is m = 1,024, and a quiet machine runs it several times faster.  Saved arrays: ``ms (M,)``, ``sigmas (S,)``,
 ``mse (S, 2 features, 2 orthogonal, M, samples)`` with features order ``("positive", "trig")``
 and orthogonal order ``(True, False)``; ``zero_mse (S,)``, ``uniform_mse (S,)``; ``z_sq (S,)``,
 the median of ‖x + y‖² over all query-key pairs (x = q d^(-1/4), y = k d^(-1/4): Lemma 2's
