@@ -1,4 +1,4 @@
-"""The stored data of notebook 09: the MiniLM swap-in scores, the error-versus-time points, the CPU grid.
+"""The stored data of notebook 09: the MiniLM swap-in scores and the errors of the error-against-cost figure.
 
     python tools/lesson09_data.py swap-in    write course_lib/data/swap_in_minilm.json
     python tools/lesson09_data.py pareto     write course_lib/data/pareto_cpu.json
@@ -6,22 +6,11 @@
 Both measure on held-out passages (``course_lib.tasks.passage_split``).  ``swap-in`` runs one
 thread; it is long (every variant in all six layers on 48 passages of 256 tokens and their
 halves, then four of them one layer at a time on 24 passages): an interrupted run resumes
-from the rows it finished (kept in the system's temporary folder).
-    python tools/lesson09_data.py merge A.csv B.csv ...   write course_lib/data/bench_09_cpu.csv
-
-The grid behind ``bench_09_cpu.csv`` (forward, float32, b = 1, h = 8, d = 64, k = 128, m = 256,
-one thread, 5 timed repeats; exact stops at n = 8192, SDPA too, where one call took minutes on
-the shared 2-core machine):
-
-    python -m course_lib.bench --variants exact sdpa --n 256 512 1024 2048 4096 8192 \\
-        --k 128 --m 256 --repeats 5 --warmup 1 --threads 1 --csv A.csv --no-plot
-    python -m course_lib.bench --variants linformer linear performer --n 256 512 1024 2048 4096 8192 16384 \\
-        --k 128 --m 256 --repeats 5 --warmup 1 --threads 1 --csv B.csv --no-plot
-    python tools/lesson09_data.py merge A.csv B.csv
+from the rows it finished (kept in the system's temporary folder).  Timings come from the
+course's one stored grid (``python -m course_lib.bench --preset grid``), not from here.
 """
 
 import argparse
-import csv
 import json
 import pathlib
 import sys
@@ -155,40 +144,21 @@ def pareto_run(args):
     (DATA / "pareto_cpu.json").write_text(json.dumps(out, indent=1) + "\n")
 
 
-def merge(paths):
-    """Concatenate bench CSVs (same header) into course_lib/data/bench_09_cpu.csv."""
-    rows, header = [], None
-    for path in paths:
-        with open(path, newline="") as f:
-            reader = csv.DictReader(f)
-            header = header or reader.fieldnames
-            rows += list(reader)
-    with open(DATA / "bench_09_cpu.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=header)
-        writer.writeheader()
-        writer.writerows(rows)
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=["swap-in", "pareto", "merge"])
-    parser.add_argument("csvs", nargs="*", help="merge: the bench CSVs")
+    parser.add_argument("what", choices=["swap-in", "pareto"])
     parser.add_argument("--passages", type=int, default=48, help="swap-in: held-out passages")
     parser.add_argument("--layer-passages", type=int, default=24, help="swap-in: passages for one layer at a time")
     parser.add_argument("--fresh", action="store_true", help="swap-in: ignore the rows of an interrupted run")
     parser.add_argument("--n", type=int, default=None, help="tokens per passage (swap-in 256, pareto 512)")
     parser.add_argument("--batch", type=int, default=4, help="pareto: passages in the batch")
-    parser.add_argument("--layer", type=int, default=2, help="pareto: the layer (0-based) whose q, k, v are used")
-    parser.add_argument("--repeats", type=int, default=7, help="pareto: timed calls (the minimum is kept)")
     args = parser.parse_args(argv)
     args.n = args.n or (512 if args.what == "pareto" else 256)
     if args.what == "swap-in":
         torch.set_num_threads(1)
         swap_in_run(args)
-    elif args.what == "pareto":
-        pareto_run(args)
     else:
-        merge(args.csvs)
+        pareto_run(args)
 
 
 if __name__ == "__main__":
