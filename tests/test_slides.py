@@ -53,7 +53,9 @@ READY_MS = measure_slides.READY_MS
 # listed are measured and reported (XFAIL, with their figures), never failed on those limits.
 # When every lesson is listed, hold every deck to them (STRICT = MEASURED below), so that a new
 # lesson keeps them from its first commit.
-REMARKED = set()
+REMARKED = {
+    "00_welcome",
+}
 STRICT = [*sorted(REMARKED), EXAMPLE.stem]
 MEASURED = [p.stem for p in LESSONS] + [EXAMPLE.stem]
 
