@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from course_lib.checks import Exercise, Mistake
-from course_lib.numpy import jl, linformer
+from course_lib.checks import Exercise, Mistake, run_check, to_numpy
+from course_lib.numpy import linformer
 
 
 def _case(seed, lead, n, d, e, k):
@@ -18,70 +18,119 @@ def _softmax(scores, axis=-1):
     return weights / weights.sum(axis=axis, keepdims=True)
 
 
-# --- Exercise 4.1: a Linformer head in NumPy -------------------------------------------------
+# --- Exercise 4.1: the best fixed projection for the rows of P --------------------------------
+# The learner derives the closed form: for an orthogonal projector Π = FᵀF of rank k,
+# Σ_t ‖P_t − P_t Π‖² = Σ_t ‖P_t‖² − tr(Π M) with M = Σ_t P_tᵀ P_t, so the best F holds the top-k
+# eigenvectors of M.  Any orthonormal basis of that subspace is right (signs, order, rotations),
+# so the check compares the answer rotated into the library's basis, (F_ref Fᵀ) F: it equals
+# F_ref exactly when F has orthonormal rows spanning the same subspace.
 
-def _head_reference(q, k, v, E, F):
-    projected_keys = linformer.project_sequence(E, k)  # (..., k, d)
-    projected_values = linformer.project_sequence(F, v)  # (..., k, e)
-    weights = linformer.linformer_weights(q, k, E)  # (..., n, k)
-    return projected_keys, projected_values, weights, linformer.linformer_attention(q, k, v, E, F)
+def best_fixed_projection(P, k):
+    """The k × s projection with orthonormal rows that minimises Σ ‖P − P Fᵀ F‖² over the stack ``P (..., n, s)``."""
+    rows = np.asarray(P, dtype=float).reshape(-1, P.shape[-1])  # (all rows, s): every leading dim stacked
+    second_moment = rows.T @ rows  # (s, s) = Σ PᵀP over the stack
+    _, vectors = np.linalg.eigh(second_moment)  # ascending eigenvalues
+    return vectors[:, ::-1][:, :k].T  # (k, s): the top k as rows
 
 
-def _unstable_softmax(scores, axis=-1):
-    with np.errstate(over="ignore", invalid="ignore"):  # the slip itself: exp overflows to inf, inf/inf is NaN
-        weights = np.exp(scores)
-        return weights / weights.sum(axis=axis, keepdims=True)
+def _top_eigenvectors(M, k):
+    return np.linalg.eigh(M)[1][:, ::-1][:, :k].T
 
 
-def _head(*, project=lambda proj, x: proj @ x, values=True, scale=lambda d, k: d ** -0.5, axis=-1, same=False,
-          softmax=_softmax):
-    """The exercise's function, made with one slip."""
-    def head(q, k, v, E, F):
-        projected_keys = project(E, k)
-        projected_values = project(E if same else F, v) if values else v
-        scores = q @ np.swapaxes(projected_keys, -1, -2) * scale(q.shape[-1], E.shape[-2])
-        weights = softmax(scores, axis)
-        return projected_keys, projected_values, weights, weights @ projected_values
-    return head
+def _smallest(P, k):
+    rows = P.reshape(-1, P.shape[-1])
+    return np.linalg.eigh(rows.T @ rows)[1][:, :k].T  # eigh's first k: the smallest
+
+
+def _first_only(P, k):
+    first = P.reshape(-1, *P.shape[-2:])[0]  # the first matrix of the stack
+    return _top_eigenvectors(first.T @ first, k)
+
+
+def _query_side(P, k):
+    stack = P.reshape(-1, *P.shape[-2:])
+    return _top_eigenvectors(np.einsum("tns,tms->nm", stack, stack), k)  # Σ P Pᵀ: the n query positions
+
+
+def _mean_first(P, k):
+    mean = P.reshape(-1, *P.shape[-2:]).mean(axis=0)  # (n, s): the matrices averaged before squaring
+    return np.linalg.svd(mean)[2][:k]
+
+
+def _centred(P, k):
+    rows = P.reshape(-1, P.shape[-1])
+    rows = rows - rows.mean(axis=0)  # a PCA of the rows around their mean
+    return _top_eigenvectors(rows.T @ rows, k)
+
+
+def _columns(P, k):
+    return best_fixed_projection(P, k).T  # (s, k)
 
 
 MISTAKES_4_1 = (
-    Mistake("feature-axis", _head(project=lambda proj, x: x @ np.swapaxes(proj, -1, -2)),
-            "E mixed the d features of each position (x Eᵀ); Linformer mixes positions: project along "
-            "the sequence axis, E k with E (k, s) and k (s, d) (Eq. 4.2)."),
-    Mistake("only-keys-projected", _head(values=False),
-            "only the keys were projected; the values must be projected too, F v (Eq. 4.4), or P̄ (n, k) "
-            "cannot multiply them."),
-    Mistake("E-for-values", _head(same=True),
-            "the values were projected with E; Linformer has a second matrix F for them (Eq. 4.4)."),
-    Mistake("missing-scale", _head(scale=lambda d, k: 1.0),
-            "the scores are not scaled: divide q (E k)ᵀ by √d, the head dim (Eq. 4.3)."),
-    Mistake("scale-by-k", _head(scale=lambda d, k: k ** -0.5),
-            "the scores are divided by √k; the scale stays 1/√d, the head dim, as in exact attention (Eq. 4.3)."),
-    Mistake("softmax-over-queries", _head(axis=-2),
-            "the softmax runs over the query axis; normalise over the k projected keys (the last axis)."),
-    Mistake("softmax-overflow", _head(softmax=_unstable_softmax),
-            "the softmax overflowed: exp of a score above ~709 is inf in float64, and inf / inf is NaN. "
-            "Subtract each row's maximum score before exp; softmax is unchanged by that shift."),
+    Mistake("smallest-eigenvalues", _smallest,
+            "np.linalg.eigh returns the eigenvalues in ASCENDING order, so its first k eigenvectors are the "
+            "directions P uses least. Take the last k (the largest eigenvalues), e.g. vectors[:, ::-1][:, :k]."),
+    Mistake("first-matrix-only", _first_only,
+            "you fitted the first matrix of the stack only: that is the SVD-optimal map of one input. A fixed F "
+            "serves every training matrix, so sum PᵀP over all leading dims (stack the rows: P.reshape(-1, s))."),
+    Mistake("query-side", _query_side,
+            "Σ P Pᵀ is n × n: it describes the query positions (the rows of P). F mixes the KEY positions, the "
+            "columns of P: minimise ‖P − P FᵀF‖ with the s × s matrix Σ PᵀP."),
+    Mistake("averaged-first", _mean_first,
+            "you averaged the matrices before the fit: the error is a sum of squares, Σ‖P − PΠ‖², so it needs the "
+            "second moment Σ PᵀP, not (mean P)ᵀ(mean P) — directions in which the inputs differ cancel in the mean."),
+    Mistake("centred", _centred,
+            "the error is that of P itself, not of P minus its mean row: a centred PCA drops the mean row, which "
+            "every near-uniform row shares. Use the uncentred Σ PᵀP."),
+    Mistake("columns-not-rows", _columns,
+            "F holds the k directions as ROWS, shape (k, s), so that F K is (k, d); eigenvectors come back as the "
+            "columns of eigh's second result: transpose them."),
 )
+
+
+def _attention_stack(seed, lead, n, spread):
+    """Softmax rows with a shared structure (a few favourite key positions) plus noise, ``(*lead, n, n)``."""
+    rng = np.random.default_rng(seed)
+    favourite = rng.standard_normal(n) * 2.0  # every input likes the same key positions, a little
+    scores = spread * rng.standard_normal((*lead, n, n)) + favourite
+    return _softmax(scores)
 
 
 def _cases_4_1():
     return [
-        ("n = s = d = e = k = 6 (square, so every slip runs)", _case(41, (), 6, 6, 6, 6), {}),
-        ("n = s = 12, d = 4, e = 3, k = 5", _case(42, (), 12, 4, 3, 5), {}),
-        ("batched (b, h) = (2, 3), n = s = 16, d = e = 8, k = 4", _case(43, (2, 3), 16, 8, 8, 4), {}),
-        ("large scores (q and k times 30, scores up to ~10³), n = s = 8, d = e = 4, k = 3", _large_case(), {}),
+        ("one matrix P (8, 8), k = 2", (_attention_stack(410, (), 8, 1.5), 2), {}),
+        ("a stack of 5 matrices (5, 10, 10), k = 3", (_attention_stack(411, (5,), 10, 1.5), 3), {}),
+        ("passages × heads (3, 4, 12, 12), k = 4", (_attention_stack(412, (3, 4), 12, 2.0), 4), {}),
+        ("n = 6 queries, s = 9 keys, a stack of 4, k = 3", (_softmax(np.random.default_rng(413).standard_normal(
+            (4, 6, 9)) * 2.0), 3), {}),
     ]
 
 
-def _large_case():
-    q, keys, v, E, F = _case(47, (), 8, 4, 4, 3)
-    return 30 * q, 30 * keys, v, E, F  # scores of several hundred to a few thousand: exp overflows
+def _in_reference_basis(fn):
+    """``fn``'s F rotated into the library's basis, (F_ref Fᵀ) F; F itself when it cannot be (shape, NaN)."""
+    def aligned(P, k):
+        F = to_numpy(fn(P, k))
+        reference = best_fixed_projection(P, k)
+        if F.shape != reference.shape or not np.all(np.isfinite(F)):
+            return F
+        return reference @ F.T @ F  # (k, s): equals the reference iff F's rows are an orthonormal basis of its span
+    return aligned
 
 
-exercise_4_1 = Exercise("4.1", "a Linformer head in NumPy", _head_reference, _cases_4_1, MISTAKES_4_1,
-                        names=("projected_keys", "projected_values", "weights", "output"))
+class _SubspaceExercise(Exercise):
+    """Exercise 4.1's check: any orthonormal basis of the optimal subspace passes."""
+
+    def __call__(self, candidate, *, verbose=True):
+        mistakes = [Mistake(m.name, _in_reference_basis(m.fn), m.hint) for m in self.mistakes]
+        return run_check(self.number, _in_reference_basis(candidate), _in_reference_basis(self.reference),
+                         self.cases(), names=self.names, mistakes=mistakes, atol=self.atol, rtol=self.rtol,
+                         verbose=verbose)
+
+
+exercise_4_1 = _SubspaceExercise("4.1", "the best fixed projection for the rows of P", best_fixed_projection,
+                                 _cases_4_1, MISTAKES_4_1, names=("F, rotated into the library's basis",),
+                                 atol=1e-8, rtol=1e-6)
 
 
 # --- Exercise 4.2: the padding mask done right ----------------------------------------------
@@ -124,8 +173,15 @@ def _padded(seed, lengths, n, d, e, k, fill):
     return (q, keys, v, E, F, key_mask), {}
 
 
+def _one_padded(seed, length, n, d, e, k, fill):
+    (q, keys, v, E, F, key_mask), _ = _padded(seed, (length,), n, d, e, k, fill)
+    return (q[0], keys[0], v[0], E, F, key_mask[0]), {}  # no batch dim: (n, d), (s,) mask
+
+
 def _cases_4_2():
     return [
+        ("one sequence (no batch dim), length 7 of s = 10, d = 4, e = 3, k = 4, padding rows = 5.0",
+         *_one_padded(43, 7, 10, 4, 3, 4, 5.0)),
         ("b = 2, lengths 10 and 6 of s = 10, d = 4, e = 3, k = 4, padding rows = 5.0",
          *_padded(44, (10, 6), 10, 4, 3, 4, 5.0)),
         ("b = 3, lengths 12, 7 and 3 of s = 12, d = e = 6, k = 5, padding rows = 5.0",
@@ -139,66 +195,54 @@ exercise_4_2 = Exercise("4.2", "Linformer attention with a key-padding mask", _m
                         MISTAKES_4_2, names=("output",))
 
 
-# --- Exercise 4.3: Theorem 1's error on two scales --------------------------------------------
+# --- Exercise 4.3: derive the cost, then predict the crossover ----------------------------------
 
-def _theorem1_reference(P, v, R):
-    """Relative error, JL-scale error and amplification of P Rᵀ R v ≈ P v. Notebook 03, Eqs. (3.6) and (3.8)."""
-    exact = P @ v  # (n,)
-    error = np.linalg.norm(P @ R.T @ (R @ v) - exact)
-    relative = jl.projected_attention_error(P, v, R)
-    scale = np.linalg.norm(P) * np.linalg.norm(v)  # ‖P‖_F ‖v‖: the scale a JL guarantee is relative to
-    return relative, error / scale, scale / np.linalg.norm(exact)
+def attention_flops(b, h, n, s, d, e, k):
+    """``(exact, linformer)`` FLOPs of one attention call, 2 per multiply-add. Notebook 04, Eq. (4.5).
+
+    b batches × h heads; n queries, s keys; head dims d (queries, keys) and e (values); Linformer
+    projects the s positions to k with one E and one F shared by the heads (each head projects its own K, V).
+    """
+    exact = 2.0 * b * h * n * s * (d + e)  # Q Kᵀ and P V
+    projections = 2.0 * b * h * k * s * (d + e)  # E K and F V, every head its own K and V
+    return exact, projections + 2.0 * b * h * n * k * (d + e)  # Q K̄ᵀ and P̄ V̄
 
 
-def _theorem1(*, p_norm=lambda P: np.linalg.norm(P), v_norm=lambda v: np.linalg.norm(v), divide_by=None,
-              invert=False, square=False):
-    """The exercise's function, made with one slip."""
-    def errors(P, v, R):
-        exact = P @ v
-        error = np.linalg.norm(P @ R.T @ (R @ v) - exact)
-        norm_exact = np.linalg.norm(exact) if divide_by is None else divide_by(P, v)
-        if square:
-            error, norm_exact = error ** 2, norm_exact ** 2
-        scale = p_norm(P) * v_norm(v)
-        amplification = norm_exact / scale if invert else scale / norm_exact
-        return error / norm_exact, error / scale, amplification
-    return errors
+def _flops_with(*, per_mac=2.0, projections=True, heads_project=True, square=False, widths=lambda d, e: d + e):
+    def flops(b, h, n, s, d, e, k):
+        s_used = n if square else s
+        exact = per_mac * b * h * n * s_used * widths(d, e)
+        proj = per_mac * b * (h if heads_project else 1) * k * s_used * widths(d, e) if projections else 0.0
+        return exact, proj + per_mac * b * h * n * k * widths(d, e)
+    return flops
 
 
 MISTAKES_4_3 = (
-    Mistake("spectral-norm", _theorem1(p_norm=lambda P: np.linalg.norm(P, 2)),
-            "‖P‖ here is the Frobenius norm, the root of the sum of the rows' squared norms ‖P_i‖² "
-            "(np.linalg.norm(P)); the spectral norm (np.linalg.norm(P, 2)) is only the largest singular value."),
-    Mistake("inverted-amplification", _theorem1(invert=True),
-            "the amplification is ‖P‖_F ‖v‖ / ‖P v‖, which is at least 1 (Cauchy–Schwarz, row by row): "
-            "relative error = amplification × JL-scale error."),
-    Mistake("relative-to-v", _theorem1(divide_by=lambda P, v: np.linalg.norm(v)),
-            "the relative error divides by ‖P v‖, the size of the exact output, not by ‖v‖."),
-    Mistake("squared-norms", _theorem1(square=True),
-            "these are ratios of norms, not of squared norms: take the square root of the sums of squares."),
+    Mistake("one-flop-per-multiply-add", _flops_with(per_mac=1.0),
+            "a multiply-add is 2 FLOPs (Eq. 4.5): an (a × b)(b × c) product costs 2·a·b·c."),
+    Mistake("projections-forgotten", _flops_with(projections=False),
+            "E K and F V are matrix products too: 2·k·s·d + 2·k·s·e per head. Without them Linformer would beat "
+            "exact attention at every n > k, and the crossover moves."),
+    Mistake("projections-once", _flops_with(heads_project=False),
+            "E is shared by the heads, but every head has its own K and V: E K and F V are computed h times."),
+    Mistake("n-for-s", _flops_with(square=True),
+            "the keys have s positions, the queries n: Q Kᵀ is (n × d)(d × s), E K is (k × s)(s × d). Use s where "
+            "the products run over the keys."),
+    Mistake("d-for-both", _flops_with(widths=lambda d, e: 2 * d),
+            "the values have their own width e: P V and F V cost 2·n·s·e and 2·k·s·e, not 2·n·s·d."),
 )
-
-
-def _attention_case(seed, n, k, spread, offset):
-    rng = np.random.default_rng(seed)
-    scores = spread * rng.standard_normal((n, n))  # a small spread: near-uniform rows
-    P = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    P /= P.sum(axis=-1, keepdims=True)  # (n, s), rows sum to 1
-    v = rng.standard_normal(n)
-    v = v - v.mean() + offset  # offset 0: a centred value column, as in notebook 03
-    return P, v, rng.standard_normal((k, n)) / np.sqrt(k)  # R ~ N(0, 1/k)
 
 
 def _cases_4_3():
     return [
-        ("n = s = 64, k = 16, peaked rows (score spread 3), centred v", _attention_case(48, 64, 16, 3.0, 0.0), {}),
-        ("n = s = 128, k = 32, near-uniform rows (spread 0.3), centred v", _attention_case(49, 128, 32, 0.3, 0.0), {}),
-        ("n = s = 32, k = 8, spread 1, v offset by 2", _attention_case(50, 32, 8, 1.0, 2.0), {}),
+        ("one head, n = s = 64, d = e = 16, k = 8", (1, 1, 64, 64, 16, 16, 8), {}),
+        ("b = 2, h = 4, n = 128 queries, s = 256 keys, d = 32, e = 16, k = 32", (2, 4, 128, 256, 32, 16, 32), {}),
+        ("b = 1, h = 8, n = s = 4096, d = e = 64, k = 128 (the stored grid)", (1, 8, 4096, 4096, 64, 64, 128), {}),
+        ("b = 3, h = 2, n = 50, s = 20, d = 8, e = 24, k = 5", (3, 2, 50, 20, 8, 24, 5), {}),
     ]
 
 
-exercise_4_3 = Exercise("4.3", "Theorem 1's error on two scales and the amplification between them",
-                        _theorem1_reference, _cases_4_3, MISTAKES_4_3,
-                        names=("relative_error", "jl_scale_error", "amplification"))
+exercise_4_3 = Exercise("4.3", "the cost of exact and Linformer attention", attention_flops, _cases_4_3, MISTAKES_4_3,
+                        names=("exact FLOPs", "Linformer FLOPs"), atol=0, rtol=1e-12)
 
 EXERCISES = [exercise_4_1, exercise_4_2, exercise_4_3]
