@@ -15,7 +15,10 @@ default: ``causal_linear_attention`` (elu+1, f = d = 64 features) and
 * **peak memory** (``--memory``): each case once more in a fresh subprocess with
   ``course_lib.bench.peak_memory``, so no case inherits another's allocations;
 * the NumPy tree's forward at the same n and chunk sizes (``--numpy``);
-* the two kernel choices of ``course_lib/torch/_causal_linear.py`` (``--kernels``).
+* ``--chunks 64 0`` puts the default beside the prefix sums (0: ``chunk_size=None``), the
+  acceptance figures of issue 19 (the prefix sums' backward stores n states of f × e: at
+  n = 16,384, about 17 GB for FAVOR+ with m = 256, so ``--kernels linear`` there on a small machine);
+* the two kernel choices of ``course_lib/torch/_causal_linear.py`` (``--kernel-choices``).
 
 The printed table ranks the chunk sizes by the sum over n of each time relative to the best
 time at that n, per kernel; ``DEFAULT_CHUNK_SIZE`` in ``course_lib/numpy/linear.py`` is the
@@ -48,7 +51,8 @@ def inputs(n, seed=0):
 
 
 def attention(kernel, chunk_size, omega):
-    """The causal call of ``kernel`` with ``chunk_size`` (None: prefix sums)."""
+    """The causal call of ``kernel`` with ``chunk_size`` (0 or None: prefix sums)."""
+    chunk_size = chunk_size or None
     if kernel == "linear":
         return lambda q, k, v: linear.causal_linear_attention(q, k, v, chunk_size=chunk_size)
     return lambda q, k, v: performer.performer_attention(q, k, v, omega, causal=True, chunk_size=chunk_size)
@@ -110,7 +114,7 @@ def numpy_forward(n, chunks, repeats):
     for _ in range(repeats):
         for c in chunks:
             start = time.process_time()
-            np_linear.causal_linear_attention(q, k, v, chunk_size=c)
+            np_linear.causal_linear_attention(q, k, v, chunk_size=c or None)
             best[c] = min(best[c], time.process_time() - start)
     return best
 
@@ -148,7 +152,8 @@ def _seconds(fn):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, nargs="+", default=[1024, 4096, 16384])
-    parser.add_argument("--chunks", type=int, nargs="+", default=[16, 32, 64, 128, 256])
+    parser.add_argument("--chunks", type=int, nargs="+", default=[16, 32, 64, 128, 256],
+                        help="chunk sizes; 0 for the prefix sums (chunk_size=None)")
     parser.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS))
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per chunk size and round")
     parser.add_argument("--rounds", type=int, default=3, help="passes over the whole sweep")

@@ -90,6 +90,9 @@ class RecurrentLinearAttention:
 
         Returns:
             ``(*batch_shape, e)`` in the state's dtype: a view of a buffer that the next step overwrites.
+
+        The shapes are not checked here, once per token: they must be those above (a ``qk`` that
+        broadcasts, such as ``(2, d)``, would be copied to every head without an error).
         """
         length, f, e = self.length, self.f, self.e
         if self.features is None:  # elu+1 in place: one pass over q and k together
