@@ -285,7 +285,7 @@ def _global_max_key_shift(projections, half_norm, omega, features, causal, key_m
 
 def _global_max_causal_attention(q, k, v, omega, *, features="positive", eps=1e-6,
                                  chunk_size=DEFAULT_CHUNK_SIZE):
-    """The trap (COURSE §6): causal FAVOR+ whose key stabiliser is a maximum over the whole sequence.
+    """The trap (notebook 08, Section 8.6): causal FAVOR+ whose key stabiliser is a maximum over the whole sequence.
 
     Exact in exact arithmetic, yet a large future key raises the maximum and shrinks every
     earlier key feature by the same factor; against any absolute quantity (the usual eps of
