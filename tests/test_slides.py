@@ -56,6 +56,8 @@ READY_MS = measure_slides.READY_MS
 REMARKED = {
     "00_welcome",
     "01_attention_recap",
+    "02_low_rank",
+    "08_favor_plus",
 }
 STRICT = [*sorted(REMARKED), EXAMPLE.stem]
 MEASURED = [p.stem for p in LESSONS] + [EXAMPLE.stem]
