@@ -206,58 +206,120 @@ def evaluate_reversal(model, *, n, vocab_size, generator, batch_size=256):
 
 # --- Lesson 07: sequence duplication (the copy task) ---------------------------------------
 
-COPY_SEPARATOR = 0  # token 0 separates the sequence from its copy; symbols are 1 … n_symbols
+COPY_SEPARATOR = 0  # token 0 separates the sequence from its copy and pads after it; symbols are 1 … n_symbols
 
 
-def copy_batch(batch_size, length, n_symbols, generator):
-    """A batch of the copy task: ``length`` random symbols, the separator, the same symbols again. Notebook 07.
+def copy_batch(batch_size, length, n_symbols, generator, *, min_length=None):
+    """A batch of the copy task: L random symbols, the separator, the same L symbols again. Notebook 07.
 
-    Katharopoulos et al. 2020, §4.1 (sequence duplication), scaled down: a fixed ``length`` and
-    ``n_symbols`` symbols (the paper: up to 128 positions, 10 symbols).  Read by a causal model
-    as next-token prediction, the second half can only be predicted by attending ``length + 1``
-    positions back.
+    Katharopoulos et al. 2020, §4.1 (sequence duplication), scaled down: sequences of varying
+    length, as in the paper (up to 128 positions, 10 symbols).  Each row draws its own L
+    uniformly from ``min_length … length``, so its copy starts at its own offset: a causal model
+    reading it as next-token prediction must find where the copy began (the separator) rather
+    than look a fixed number of positions back.  Position p of the copy (the separator at p = L
+    included) predicts token p + 1, which equals token p − L: the symbol L positions back.  Rows
+    shorter than ``length`` are padded with the separator after their copy; the scored positions
+    of a causal model never see the padding.
 
     Args:
-        batch_size, length, n_symbols: batch size b, symbols per half L, number of symbols.
+        batch_size, n_symbols: batch size b, number of symbols.
+        length: the longest L (every row's L when ``min_length`` is None).
         generator: a ``torch.Generator``; the same generator state gives the same batch.
+        min_length: the shortest L (1 ≤ min_length ≤ length), or None for a fixed L = length.
 
     Returns:
-        ``(b, 2 L + 1)`` int64 tokens.
+        ``(b, 2·length + 1)`` int64 tokens; ``copy_lengths(tokens)`` gives each row's L.
     """
     import torch
 
-    symbols = torch.randint(1, n_symbols + 1, (batch_size, length), generator=generator)  # (b, L)
-    separator = torch.full((batch_size, 1), COPY_SEPARATOR, dtype=torch.long)  # (b, 1)
-    return torch.cat([symbols, separator, symbols], dim=1)  # (b, 2L + 1)
+    min_length = length if min_length is None else min_length
+    if not 1 <= min_length <= length:
+        raise ValueError(f"min_length must lie in 1 … length = {length}, got {min_length}.")
+    symbols = torch.randint(1, n_symbols + 1, (batch_size, length), generator=generator)  # (b, L_max)
+    lengths = torch.randint(min_length, length + 1, (batch_size, 1), generator=generator)  # (b, 1)
+    positions = torch.arange(2 * length + 1)  # (t,), t = 2 L_max + 1
+    source = torch.where(positions < lengths, positions, positions - lengths - 1)  # (b, t): which symbol
+    tokens = symbols.gather(1, source.clamp(0, length - 1))  # (b, t)
+    is_symbol = (positions != lengths) & (positions <= 2 * lengths)  # not the separator, not padding
+    return torch.where(is_symbol, tokens, COPY_SEPARATOR)
+
+
+def copy_lengths(tokens):
+    """Each row's L: the position of its first separator. ``tokens (b, t)`` → ``(b,)`` int64."""
+    return (tokens == COPY_SEPARATOR).long().argmax(dim=1)
+
+
+def _copy_scored(tokens):
+    """``(b, t - 1)`` bool: the input positions whose next token is scored, L … 2L − 1 of each row."""
+    import torch
+
+    lengths = copy_lengths(tokens)[:, None]  # (b, 1)
+    positions = torch.arange(tokens.shape[1] - 1, device=tokens.device)  # (t - 1,)
+    return (positions >= lengths) & (positions < 2 * lengths)
 
 
 def copy_loss(model, tokens):
     """Cross-entropy of the next-token prediction on the copied half only (the first half is random).
 
-    ``model(tokens[:, :-1])`` gives logits ``(b, 2L, vocab)``; position L (the separator)
-    predicts the first copied symbol, position 2L - 1 the last.
+    ``model(tokens[:, :-1])`` gives logits ``(b, t - 1, vocab)``; in each row, position L (the
+    separator) predicts the first copied symbol and position 2L − 1 the last.  The mean runs over
+    every scored token of the batch.
     """
     import torch.nn.functional as F
 
-    length = (tokens.shape[1] - 1) // 2
-    logits = model(tokens[:, :-1])[:, length:]  # (b, L, vocab): the predictions of the copy
-    return F.cross_entropy(logits.flatten(0, 1), tokens[:, length + 1:].flatten())
+    scored = _copy_scored(tokens)  # (b, t - 1)
+    logits = model(tokens[:, :-1])  # (b, t - 1, vocab)
+    return F.cross_entropy(logits[scored], tokens[:, 1:][scored])
 
 
-def train_copy(model, *, length, n_symbols, steps, generator, batch_size=32, lr=3e-3, log_every=10):
-    """Train ``model`` on fresh copy-task batches drawn from ``generator`` (see ``train``)."""
-    return train(model, lambda: copy_loss(model, copy_batch(batch_size, length, n_symbols, generator)),
-                 steps=steps, lr=lr, log_every=log_every)
+def train_copy(model, *, length, n_symbols, steps, generator, min_length=None, batch_size=32, lr=3e-3,
+               log_every=10, eval_every=0, eval_generator=None, eval_batch=256):
+    """Train ``model`` on fresh copy-task batches drawn from ``generator`` (see ``train``).
+
+    ``eval_every=E`` also scores the model on one held-out batch (``eval_generator``'s first draw,
+    the same batch every time) after every E steps, before the next step's update: the keys
+    ``eval_step``, ``eval_loss`` and ``eval_accuracy`` join the history.  Scoring draws nothing
+    from ``generator`` and computes no gradient, so it leaves the training run unchanged.
+    """
+    history = {"eval_step": [], "eval_loss": [], "eval_accuracy": []}
+    held_out = None
+    if eval_every:
+        held_out = copy_batch(eval_batch, length, n_symbols, eval_generator, min_length=min_length)
+    done = 0
+
+    def next_loss():
+        nonlocal done
+        if eval_every and done and done % eval_every == 0:
+            loss, accuracy = _score_copy(model, held_out)
+            model.train()
+            history["eval_step"].append(done)
+            history["eval_loss"].append(loss)
+            history["eval_accuracy"].append(accuracy)
+        done += 1
+        return copy_loss(model, copy_batch(batch_size, length, n_symbols, generator, min_length=min_length))
+
+    history.update(train(model, next_loss, steps=steps, lr=lr, log_every=log_every))
+    if eval_every and steps % eval_every == 0:  # the score after the last step
+        loss, accuracy = _score_copy(model, held_out)
+        history["eval_step"].append(steps)
+        history["eval_loss"].append(loss)
+        history["eval_accuracy"].append(accuracy)
+    return history if eval_every else {key: history[key] for key in ("step", "loss")}
 
 
-def evaluate_copy(model, *, length, n_symbols, generator, batch_size=256):
-    """``(loss, accuracy)`` on one held-out copy batch; accuracy is per copied token (teacher forcing)."""
+def _score_copy(model, tokens):
+    """``(loss, accuracy)`` of ``model`` on ``tokens``, in eval mode, without gradients."""
     import torch
 
-    tokens = copy_batch(batch_size, length, n_symbols, generator)
+    scored = _copy_scored(tokens)  # (b, t - 1)
     model.eval()
     with torch.no_grad():
-        loss = copy_loss(model, tokens).item()
-        predicted = model(tokens[:, :-1])[:, length:].argmax(-1)  # (b, L)
-        accuracy = (predicted == tokens[:, length + 1:]).double().mean().item()
+        logits = model(tokens[:, :-1])  # (b, t - 1, vocab)
+        loss = torch.nn.functional.cross_entropy(logits[scored], tokens[:, 1:][scored]).item()
+        accuracy = (logits.argmax(-1)[scored] == tokens[:, 1:][scored]).double().mean().item()
     return loss, accuracy
+
+
+def evaluate_copy(model, *, length, n_symbols, generator, min_length=None, batch_size=256):
+    """``(loss, accuracy)`` on one held-out copy batch; accuracy is per copied token (teacher forcing)."""
+    return _score_copy(model, copy_batch(batch_size, length, n_symbols, generator, min_length=min_length))
