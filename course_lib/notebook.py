@@ -23,6 +23,7 @@ LESSONS = {
     "07_transformers_are_rnns": "07 · Transformers are RNNs: generation one token at a time",
     "08_favor_plus": "08 · FAVOR+: softmax attention from positive orthogonal random features",
     "09_putting_it_together": "09 · Putting it together: choosing an efficient attention",
+    "10_linearizing": "10 · Linearizing a pretrained transformer: distilling softmax into linear attention",
 }
 
 
