@@ -22,7 +22,7 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 export PYTHONHASHSEED := 0
 
 .PHONY: venv lab test lint unit notebooks solutions exercises-run portability exercises check-exercises \
-        nbhead slides constraints clean
+        nbhead slides slide-measures constraints clean
 
 venv: $(STAMP)
 
@@ -87,6 +87,11 @@ nbhead: venv
 # reveal.js, MathJax 2 and require.js come from tools/slides/package-lock.json (npm ci when needed).
 slides: venv
 	$(BIN)/python tools/build_slides.py
+
+# Every slide of every deck measured as an audience sees it (headless chromium, offline): visible
+# words, fill, figure or equation; one line a slide, three screenshots a deck in build/screenshots/.
+slide-measures: venv
+	$(BIN)/python tools/measure_slides.py --strict --slides --screenshots build/screenshots
 
 # Re-resolve the pinned versions after a change to pyproject.toml's dependencies.
 constraints:

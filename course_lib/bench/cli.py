@@ -42,8 +42,10 @@ errors, one line each:
                subprocess killed by the kernel's OOM killer)
 
 generation (--generation): time per generated token versus its position t, for linear attention's
-  RNN step, softmax with a key/value cache and softmax recomputing the whole prefix; n = the
-  largest --n; writes its own CSV (method, position, time, state bytes) and HTML.
+  RNN step (the lean in-place step and the teaching step), softmax with a preallocated key/value
+  cache and SDPA (the fair baseline) and softmax recomputing the whole prefix; n = the largest --n;
+  writes its own CSV (method, position, time median and minimum, CPU time, ratio to the linear step,
+  state bytes, threads, hardware) and HTML.
 
 presets (--preset NAME): every stored timing grid of the course is one command; a preset fixes the
   variants, sizes, modes and the setting; --repeats, --warmup, --budget, --min-repeats, --threads,
@@ -55,7 +57,7 @@ examples:
   python -m course_lib.bench --preset grid            # the shared grid of lessons 06, 08, 09 (≈ 40 min quiet)
   python -m course_lib.bench --preset linformer       # lesson 04's grid
   python -m course_lib.bench --variants exact sdpa linformer linear performer --n 1024 4096
-  python -m course_lib.bench --variants causal_sdpa causal_linear causal_linear_chunked \\
+  python -m course_lib.bench --variants causal_sdpa causal_linear causal_linear_prefix \\
       --mode forward+backward --n 1024 4096 16384
   python -m course_lib.bench --device cuda --dtype float16 --n 4096 16384 65536
   python -m course_lib.bench --generation --n 4096
