@@ -152,12 +152,18 @@ def reversal_batch(batch_size, n, vocab_size, generator):
     return tokens, tokens.flip(-1)
 
 
+IGNORED = -100  # a target the loss and the accuracy skip (torch's cross_entropy ignores -100 by default)
+
+
 def reversal_loss(model, tokens, targets):
-    """Mean cross-entropy of ``model(tokens)`` (logits ``(b, n, vocab)``) against ``targets``."""
+    """Mean cross-entropy of ``model(tokens)`` (logits ``(b, n, vocab)``) against ``targets``.
+
+    Positions whose target is ``IGNORED`` are left out of the mean (the lookup task's table).
+    """
     import torch.nn.functional as F
 
     logits = model(tokens)  # (b, n, vocab)
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORED)
 
 
 def train(model, next_loss, *, steps, lr=3e-3, log_every=10):
@@ -192,16 +198,56 @@ def train_reversal(model, *, n, vocab_size, steps, generator, batch_size=32, lr=
                  steps=steps, lr=lr, log_every=log_every)
 
 
-def evaluate_reversal(model, *, n, vocab_size, generator, batch_size=256):
-    """``(loss, accuracy)`` of ``model`` on one held-out reversal batch; accuracy is per token."""
+def evaluate_batch(model, tokens, targets):
+    """``(loss, accuracy)`` of ``model`` on one batch; accuracy per scored token (target not ``IGNORED``)."""
     import torch
 
-    tokens, targets = reversal_batch(batch_size, n, vocab_size, generator)
     model.eval()
     with torch.no_grad():
-        loss = reversal_loss(model, tokens, targets).item()
-        accuracy = (model(tokens).argmax(-1) == targets).double().mean().item()
-    return loss, accuracy
+        logits = model(tokens)  # (b, n, vocab)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORED)
+        scored = targets != IGNORED  # (b, n)
+        accuracy = (logits.argmax(-1) == targets)[scored].double().mean()
+    return loss.item(), accuracy.item()
+
+
+def evaluate_reversal(model, *, n, vocab_size, generator, batch_size=256):
+    """``(loss, accuracy)`` of ``model`` on one held-out reversal batch; accuracy is per token."""
+    return evaluate_batch(model, *reversal_batch(batch_size, n, vocab_size, generator))
+
+
+def lookup_batch(batch_size, n, vocab_size, generator, *, table=8):
+    """A batch of the table-lookup task, whose attention has rank at most ``table`` at every n. Notebook 05.
+
+    The first ``table`` positions hold a table of random symbols (0 … vocab_size − 1); every
+    later position holds an index into it (a token 0 … table − 1) and its target is the symbol
+    stored there.  The attention that solves it in one head sends each query to one of the first
+    ``table`` positions: its P has non-zero columns only there, so rank(P) ≤ ``table`` however
+    long the sequence — the opposite of reversal's rank-n permutation.  The table positions have
+    no target (``IGNORED``).
+
+    Args:
+        batch_size, n, vocab_size: batch size b, sequence length n (> table), number of token values.
+        generator: a ``torch.Generator``; the same generator state gives the same batch.
+        table: table entries, 1 ≤ table ≤ vocab_size (an index is a token).
+
+    Returns:
+        ``(tokens, targets)``, both ``(b, n)`` int64.
+    """
+    import torch
+
+    if not 1 <= table <= vocab_size or table >= n:
+        raise ValueError(f"table must satisfy 1 <= table <= vocab_size = {vocab_size} and table < n = {n}, "
+                         f"got {table}.")
+    symbols = torch.randint(0, vocab_size, (batch_size, table), generator=generator)  # (b, table)
+    index = torch.randint(0, table, (batch_size, n - table), generator=generator)  # (b, n - table)
+    targets = torch.cat([torch.full_like(symbols, IGNORED), symbols.gather(1, index)], dim=1)  # (b, n)
+    return torch.cat([symbols, index], dim=1), targets
+
+
+def evaluate_lookup(model, *, n, vocab_size, generator, batch_size=256, table=8):
+    """``(loss, accuracy)`` of ``model`` on one held-out lookup batch; accuracy per looked-up token."""
+    return evaluate_batch(model, *lookup_batch(batch_size, n, vocab_size, generator, table=table))
 
 
 # --- Lesson 07: sequence duplication (the copy task) ---------------------------------------
