@@ -201,6 +201,10 @@ class MiniLM(nn.Module):
         final hidden states over the real tokens, scaled to unit length.
         """
         single = isinstance(texts, str)
+        if not single and (not isinstance(texts, list | tuple) or not texts
+                           or not all(isinstance(t, str) for t in texts)):
+            raise TypeError(f"texts must be a string or a non-empty list of strings, got {type(texts).__name__}"
+                            + (" with non-string items" if isinstance(texts, list | tuple) and texts else "") + ".")
         texts = [texts] if single else list(texts)
         out = []
         for start in range(0, len(texts), batch_size):
