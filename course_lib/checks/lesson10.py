@@ -1,0 +1,213 @@
+"""Checks for the lesson 10 exercises (linearizing: Hedgehog's map, the distillation loss, honest scores)."""
+
+import numpy as np
+
+from course_lib.checks import Exercise, Mistake
+from course_lib.numpy import feature_maps
+
+
+def _gaussians(seed, *shape):
+    return np.random.default_rng(seed).standard_normal(shape)
+
+
+def _softmax(u, axis=-1):
+    e = np.exp(u - u.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+# --- Exercise 10.1: Hedgehog's feature map ---------------------------------------------------
+
+def _hedgehog_reference(x, weight, bias):
+    return feature_maps.hedgehog_feature_map(x, weight, bias)  # (..., n, 2f)
+
+
+def _hedgehog(*, positive=True, axis=-1, halves=2, transpose=True):
+    """The exercise's function, made with one slip."""
+    def features(x, weight, bias):
+        w = np.swapaxes(weight, -1, -2) if transpose else weight  # (..., d, f)
+        u = np.einsum("...nd,...df->...nf", x, w) + bias[..., None, :]  # (..., n, f)
+        if not positive:
+            return np.concatenate([u, -u], axis=-1)
+        parts = [_softmax(u, axis), _softmax(-u, axis)][:halves]
+        return np.concatenate(parts, axis=-1)
+    return features
+
+
+MISTAKES_10_1 = (
+    Mistake("not-non-negative", _hedgehog(positive=False),
+            "your features are Wx + b and −(Wx + b) themselves: half of them are negative, so a weight "
+            "phi(q)·phi(k) can be negative and the normaliser can be 0. Apply softmax (exp, normalised) to each half."),
+    Mistake("softmax-over-positions", _hedgehog(axis=-2),
+            "the softmax runs over the n positions; it must run over the f features of each position "
+            "(axis=-1), so each token's features sum to 1 on each half."),
+    Mistake("one-half-only", _hedgehog(halves=1),
+            "you returned softmax(Wx + b) only: Hedgehog concatenates softmax(−(Wx + b)) too (2f features), so "
+            "a feature also grows where Wx + b is very negative."),
+    Mistake("weight-not-transposed", _hedgehog(transpose=False),
+            "u = W x for a column x is x @ Wᵀ for the rows of x: with weight (..., f, d) use "
+            "np.einsum('...nd,...fd->...nf', x, weight), not x @ weight."),
+)
+
+
+def _cases_10_1():
+    return [
+        ("one head, n = 5, d = f = 4", (_gaussians(101, 5, 4), _gaussians(102, 4, 4), _gaussians(103, 4)), {}),
+        ("one head, n = 6, d = 4, f = 3", (_gaussians(104, 6, 4), _gaussians(105, 3, 4), _gaussians(106, 3)), {}),
+        ("batch 2, 3 heads with their own W, n = 5, d = 4, f = 4",
+         (_gaussians(107, 2, 3, 5, 4), _gaussians(108, 3, 4, 4), _gaussians(109, 3, 4)), {}),
+        ("large inputs (a bare exp would overflow)", (40 * _gaussians(110, 4, 4), _gaussians(111, 4, 4) * 20,
+                                                      _gaussians(112, 4)), {}),
+    ]
+
+
+exercise_10_1 = Exercise("10.1", "Hedgehog's feature map", _hedgehog_reference, _cases_10_1, MISTAKES_10_1,
+                         names=("phi",))
+
+
+# --- Exercise 10.2: the attention-distillation loss -----------------------------------------
+
+def _loss(*, key_axis=-1, sum_axis=-1, mask_keys=True, mask_rows=True, reverse=False):
+    """Eq. (10.6) for linear attention's weights (Eq. 10.2), made with optional slips."""
+    def loss(P, phi_q, phi_k, key_mask):
+        kernel = np.einsum("...nf,...sf->...ns", phi_q, phi_k)  # (..., n, s)
+        if mask_keys:
+            kernel = np.where(key_mask[..., None, :], kernel, 0.0)  # padded keys weigh nothing
+        A = kernel / (kernel.sum(axis=key_axis, keepdims=True) + 1e-6)  # (..., n, s)
+        if reverse:
+            terms = -(A * np.log(P + 1e-12))
+        else:
+            terms = -(P * np.log(A + 1e-12))
+        per_row = terms.sum(axis=sum_axis)  # (..., n)
+        if not mask_rows:
+            return float(per_row.mean())
+        return float(per_row[np.broadcast_to(key_mask, per_row.shape)].mean())
+    return loss
+
+
+def _loss_reference(P, phi_q, phi_k, key_mask):
+    A = feature_maps.linear_attention_weights(phi_q, phi_k, key_mask=key_mask)  # (..., n, s)
+    return feature_maps.attention_cross_entropy(P, A, key_mask=key_mask)
+
+
+MISTAKES_10_2 = (
+    Mistake("normalised-over-queries", _loss(key_axis=-2),
+            "each row of A must sum to 1 over the keys (axis=-1), as a row of P does; you normalised each "
+            "column over the queries."),
+    Mistake("summed-over-queries", _loss(sum_axis=-2),
+            "the cross-entropy compares one query's row of P with the same row of A: sum P_ij ln A_ij over the "
+            "keys j (axis=-1), then average over the query rows i."),
+    Mistake("padded-keys-not-masked", _loss(mask_keys=False),
+            "padded keys must carry no weight: zero their kernel values before normalising, or A's rows share "
+            "weight with [PAD] tokens that P never attends to."),
+    Mistake("padded-rows-counted", _loss(mask_rows=False),
+            "a query at a padded position is never read: average the loss over the real query rows only (the "
+            "key mask, with n = s, also marks the real queries)."),
+    Mistake("teacher-and-student-swapped", _loss(reverse=True),
+            "the teacher's P weighs the log of the student's A: −Σ_j P_ij ln A_ij, not −Σ_j A_ij ln P_ij."),
+)
+
+
+def _teacher(seed, shape, lengths):
+    """Softmax weights ``(b, h, n, s)`` of random q, k with padded keys; the key mask ``(b, 1, s)``."""
+    b, h, n, d = shape
+    q, k = 0.7 * _gaussians(seed, b, h, n, d), 0.7 * _gaussians(seed + 1, b, h, n, d)
+    mask = (np.arange(n)[None, :] < np.asarray(lengths)[:, None])[:, None, :]  # (b, 1, s)
+    scores = np.where(mask[..., None, :], q @ np.swapaxes(k, -1, -2) / np.sqrt(d), -np.inf)
+    return _softmax(scores), np.exp(0.5 * _gaussians(seed + 2, b, h, n, 6)), np.exp(
+        0.5 * _gaussians(seed + 3, b, h, n, 6)), mask
+
+
+def _cases_10_2():
+    return [
+        ("no padding, batch 1, 2 heads, n = 5", _teacher(201, (1, 2, 5, 4), [5]), {}),
+        ("two texts of 6 and 4 tokens, 2 heads", _teacher(205, (2, 2, 6, 4), [6, 4]), {}),
+        ("three texts of 7, 3 and 5 tokens, 3 heads", _teacher(209, (3, 3, 7, 4), [7, 3, 5]), {}),
+    ]
+
+
+exercise_10_2 = Exercise("10.2", "the attention-distillation loss", _loss_reference, _cases_10_2, MISTAKES_10_2,
+                         names=("loss",), atol=1e-9, rtol=1e-7)
+
+
+# --- Exercise 10.3: fit on the training passages, score on the held-out ones ------------------
+
+def _split(passages, n_heldout, *, fit_all=False, heldout_first=False, leak=0):
+    """Train and held-out passages of Exercise 10.3, made with optional slips."""
+    cut = len(passages) - n_heldout
+    if heldout_first:
+        return passages[n_heldout:], passages[:n_heldout]
+    train, heldout = passages[:cut + leak], passages[cut:]
+    return (passages if fit_all else train), heldout
+
+
+def _honest(**slip):
+    swap = slip.pop("swap", False)
+
+    def honest_scores(passages, n_heldout, fit, score):
+        train, heldout = _split(passages, n_heldout, **slip)
+        params = fit(train)
+        scores = (score(params, train), score(params, heldout))
+        return scores[::-1] if swap else scores
+    return honest_scores
+
+
+def _honest_reference(passages, n_heldout, fit, score):
+    return _honest()(passages, n_heldout, fit, score)
+
+
+MISTAKES_10_3 = (
+    Mistake("trained-on-the-heldout-passages", _honest(fit_all=True),
+            "you fitted on every passage, the held-out ones included: the held-out score then measures memory, "
+            "not generalisation. Fit on passages[:-n_heldout] only."),
+    Mistake("heldout-from-the-start", _honest(heldout_first=True),
+            "the held-out passages are the LAST n_heldout (the corpus's end, other topics than the training "
+            "ones), not the first."),
+    Mistake("one-passage-leaks", _honest(leak=1),
+            "off by one: your training passages reach into the held-out ones. The split is passages[:len - "
+            "n_heldout] and passages[len - n_heldout:], with no passage in both."),
+    Mistake("scores-swapped", _honest(swap=True),
+            "return (score on the training passages, score on the held-out passages), in that order."),
+)
+
+
+def _words(text):
+    return set(text.lower().split())
+
+
+def _memorising_fit(passages):
+    """A model that memorises: it keeps the word set of every training passage."""
+    return [_words(p) for p in passages]
+
+
+def _memorising_score(params, passages):
+    """Mean over passages of the best word overlap (Jaccard) with a memorised passage: 1.0 for a seen one."""
+    best = [max(len(_words(p) & seen) / len(_words(p) | seen) for seen in params) for p in passages]
+    return float(np.mean(best))
+
+
+_CORPUS = [
+    "the for statement iterates over the items of any sequence in order",
+    "a while loop repeats its body as long as the condition stays true",
+    "the break statement ends the nearest enclosing loop at once",
+    "continue skips the rest of the body and starts the next iteration",
+    "a function definition binds the function name to a new function object",
+    "default argument values are evaluated once when the function is defined",
+    "a class definition creates a new class object and binds its name",
+    "the import statement finds a module, loads it and binds a name to it",
+    "an exception raised in the try clause is matched against each except clause",
+    "the with statement wraps a block in the methods of a context manager",
+]
+
+
+def _cases_10_3():
+    return [
+        ("ten passages, the last three held out", (_CORPUS, 3, _memorising_fit, _memorising_score), {}),
+        ("ten passages, the last five held out", (_CORPUS, 5, _memorising_fit, _memorising_score), {}),
+        ("eight passages, the last two held out", (_CORPUS[1:9], 2, _memorising_fit, _memorising_score), {}),
+    ]
+
+
+exercise_10_3 = Exercise("10.3", "fit on the training passages, score on the held-out ones", _honest_reference,
+                         _cases_10_3, MISTAKES_10_3, names=("train_score", "heldout_score"), atol=1e-12, rtol=1e-9)
+
+EXERCISES = [exercise_10_1, exercise_10_2, exercise_10_3]
