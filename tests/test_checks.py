@@ -142,3 +142,15 @@ def test_an_unbatched_answer_gets_the_batched_hint(capsys):
 
     result = exercise(unbatched)
     assert result.status == FAILED and "works without leading dimensions" in capsys.readouterr().out
+
+
+def test_lesson10_names_the_classic_linearizing_mistakes():
+    # The slips of distilling softmax into linear attention, each modelled with its own hint:
+    # a feature map that is not non-negative, the wrong axis, normalising over queries, padded
+    # keys left in, and training on the held-out passages.
+    from course_lib.checks import lesson10
+
+    names = {m.name for e in lesson10.EXERCISES for m in e.mistakes}
+    assert {"not-non-negative", "summed-over-queries", "normalised-over-queries", "padded-keys-not-masked",
+            "trained-on-the-heldout-passages"} <= names
+    assert all(len(e.mistakes) >= 3 for e in lesson10.EXERCISES)
