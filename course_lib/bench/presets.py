@@ -6,24 +6,27 @@ stored CSVs in ``course_lib/data/`` are read back by ``course_lib.bench.stored``
 
 ``grid``: the one grid lessons 06, 08 and 09 share.  Every variant the lessons compare, forward
 (inference) and forward+backward (training), b = 1, h = 8, d = e = 64, float32, CPU with torch's
-default threads, n = 256 … 16,384 by powers of two.  Where a form stops short, memory or time
-stops it on this course's 2-core, 23 GiB machine:
+default threads, n = 256 … 16,384 by powers of two.  The causal linear forms are measured as the
+library calls them by default (``causal_linear``, ``causal_performer``: chunked, memory linear
+in n) and in the prefix-sum teaching form (``causal_linear_prefix``, ``causal_performer_prefix``:
+``chunk_size=None``).  Where a form stops short, memory or time stops it on this course's
+2-core, 23 GiB machine:
 
-- ``exact``/``causal_exact`` store h × n × n weights: 2 GiB at n = 8,192 (25 GiB at 16,384), and
-  the backward keeps them and their gradients (8.6 GiB at n = 8,192 forward+backward);
-- the prefix-sum forms (``causal_linear_prefix``, ``causal_performer_prefix``: the teaching
-  form, ``chunk_size=None``; ``causal_linear`` and ``causal_performer`` are the library's default
-  call, chunked, whose memory is linear in n) store all n states of f × e
-  per head: 128 KiB per token for elu+1 (f = 64), 512 KiB for FAVOR+ (m = 256; 1 GiB of
-  states at n = 2,048, and a call of seconds), and autograd keeps them and their gradients.
+- ``exact``/``causal_exact`` hold h × n × n scores and weights: a peak of 1.5 GiB at n = 4,096
+  forward, so 6 GiB at 8,192 and 24 GiB at 16,384; with the backward 3.5 GiB at 4,096, 14 GiB
+  at 8,192;
+- the prefix-sum forms store all n states of f × e per head: 128 KiB per token for elu+1
+  (f = 64), 512 KiB for FAVOR+ (m = 256: 1 GiB of states at n = 2,048, and calls of seconds);
+  autograd keeps them and their gradients.
 
 Linformer runs at k = 128 and FAVOR+ at m = 256 throughout; at n = 512, MiniLM's length, k and m
 are swept too (k = 32 … 256, m = 32 … 512): the cost axis of lesson 09's error-against-cost figure.
 
 Method (the Linformer grid's): each case in its own process, 3 warm-up calls, 20 timed calls,
 the minimum and the median kept, peak memory from one more call of the same process.  Calls
-that take long get fewer timed calls (``budget``): at most ``budget`` seconds of timed calls, but
-never fewer than ``min_repeats``; a call of over a second is warmed up once.
+that take long get fewer timed calls (``budget``): at most ``budget`` = 10 seconds of timed
+calls (so fewer than 20 above half a second), never fewer than ``min_repeats`` = 5; and two
+warm-up calls when the second takes over a second.
 
 ``linformer``: lesson 04's grid (``course_lib/data/bench_linformer_cpu.csv``), as it was measured.
 """
