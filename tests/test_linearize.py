@@ -190,6 +190,7 @@ def test_stage2_with_every_layer_and_a_cosine_schedule_lowers_its_loss(model, ti
     run = linearize.distill_outputs(student, model, *tiny, steps=12, lr=1e-2, batch_size=2, layer_weight=1.0,
                                     schedule="cosine")
     assert run["losses"][-1] < run["losses"][0]
+    assert all(total > loss for total, loss in zip(run["total_losses"], run["losses"], strict=True))  # + layers' term
 
 
 def test_hidden_states_end_with_the_models_output(model, tiny):

@@ -89,7 +89,7 @@ def main(argv=None):
     parser.add_argument("--heldout", type=int, default=48, help="held-out passages (from the corpus's end)")
     parser.add_argument("--n", type=int, default=256, help="tokens per passage")
     parser.add_argument("--features", type=int, default=32, help="f of each Hedgehog map (2f features)")
-    parser.add_argument("--sweep", type=int, nargs="*", default=[8, 16, 64], help="other f, stage 1 only")
+    parser.add_argument("--sweep", type=int, nargs="*", default=[8, 16], help="other f, stage 1 only")
     parser.add_argument("--t2r-features", type=int, default=64)
     parser.add_argument("--k", type=int, default=64, help="Linformer's projected length")
     parser.add_argument("--m", type=int, default=256, help="FAVOR+ random features (untrained row)")
@@ -102,7 +102,7 @@ def main(argv=None):
     parser.add_argument("--stage1-rows", type=int, default=32, help="query rows scored per text and step")
     parser.add_argument("--linformer-lr", type=float, default=3e-3, help="stage 1 for E, F (lesson 04's rate)")
     parser.add_argument("--stage1-seeds", type=int, default=3, help="stage 1 runs (seeds of minibatch order)")
-    parser.add_argument("--stage2-steps", type=int, default=300)
+    parser.add_argument("--stage2-steps", type=int, default=150)
     parser.add_argument("--stage2-lr", type=float, default=3e-3)
     parser.add_argument("--stage2-batch", type=int, default=4)
     parser.add_argument("--stage2-embedding-weight", type=float, default=4.0, help="λ of Eq. (10.7)")
@@ -234,6 +234,8 @@ def main(argv=None):
         "rows": rows, "stages": clock.stages, "total_wall_s": time.perf_counter() - start,
         "stage1_losses": stage1["losses"], "stage2_losses": stage2["losses"], "t2r_losses": t2r_run["losses"],
         "linformer_stage1_losses": lf1["losses"], "linformer_stage2_losses": lf2["losses"],
+        "stage2_total_losses": {"hedgehog": stage2["total_losses"], "t2r": t2r_run["total_losses"],
+                                "linformer": lf2["total_losses"]},  # what stage 2 minimised: Eq. 10.7 + layers' term
         "stage1_checkpoints": checkpoint_rows, "stage1_seeds": seed_rows, "feature_sweep": sweep_rows,
         "stage1_one_layer_cosines": one_layer,
         "added_parameters": {"hedgehog": lin.added_parameters(hedgehog), "t2r": lin.added_parameters(t2r),

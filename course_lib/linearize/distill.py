@@ -169,7 +169,8 @@ def distill_outputs(student, teacher, token_ids, key_mask, *, steps=100, lr=3e-3
         schedule: ``"constant"`` learning rate or ``"cosine"`` decay from ``lr`` to 0 over the steps.
 
     Returns:
-        A dict: ``losses`` (steps,) before each step, ``checkpoints``, ``seconds``.
+        A dict: ``losses`` (steps,) of Eq. (10.7) before each step, ``total_losses`` (steps,) of
+        what was minimised (Eq. 10.7 plus the layers' term), ``checkpoints``, ``seconds``.
     """
     check_minilm(student, "student")
     check_minilm(teacher, "teacher")
@@ -185,13 +186,14 @@ def distill_outputs(student, teacher, token_ids, key_mask, *, steps=100, lr=3e-3
     parameters = [p for p in student.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(parameters, lr=lr)
     batches = _batches(len(token_ids), batch_size, torch.Generator().manual_seed(seed))
-    losses, kept = [], {0: _snapshot(student)} if 0 in checkpoints else {}
+    losses, totals, kept = [], [], {0: _snapshot(student)} if 0 in checkpoints else {}
     for step in range(1, steps + 1):
         index = next(batches)
         mask = key_mask[index]  # (b, n)
         outputs = _layer_outputs(student, token_ids[index], mask) if layer_weight else [
             student(token_ids[index], mask)]
         loss = output_loss(outputs[-1], targets[-1, index], mask, embedding_weight=embedding_weight)
+        losses.append(loss.item())
         if layer_weight:
             real = mask[..., None].to(outputs[0].dtype)  # (b, n, 1)
             loss = loss + layer_weight * torch.stack([
@@ -202,10 +204,10 @@ def distill_outputs(student, teacher, token_ids, key_mask, *, steps=100, lr=3e-3
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        losses.append(loss.item())
+        totals.append(loss.item())
         if step in checkpoints:
             kept[step] = _snapshot(student)
         if log_every and step % log_every == 0:
-            print(f"  stage 2 step {step:>4}/{steps}: loss {losses[-1]:.4f} ({time.perf_counter() - start:.0f} s)",
-                  flush=True)
-    return {"losses": losses, "checkpoints": kept, "seconds": time.perf_counter() - start}
+            print(f"  stage 2 step {step:>4}/{steps}: loss {losses[-1]:.4f} (with the layers' term {totals[-1]:.4f}; "
+                  f"{time.perf_counter() - start:.0f} s)", flush=True)
+    return {"losses": losses, "total_losses": totals, "checkpoints": kept, "seconds": time.perf_counter() - start}
