@@ -58,6 +58,8 @@ REMARKED = {
     "01_attention_recap",
     "02_low_rank",
     "03_johnson_lindenstrauss",
+    "06_linear_attention",
+    "07_transformers_are_rnns",
     "08_favor_plus",
     "09_putting_it_together",
 }
