@@ -190,6 +190,10 @@ def widget_snapshot(view, state):
     return [caption] + [nbformat.from_dict(o) for o in outputs]
 
 
+def _is_caption(output):
+    return "course-widget-note" in output.get("data", {}).get("text/html", "")
+
+
 def offline_outputs(outputs, state):
     """``outputs`` with plotly figures as divs, widget views as static snapshots, and consecutive
     prints to the same stream joined (as the notebook shows them: one block, not one per print)."""
@@ -202,7 +206,9 @@ def offline_outputs(outputs, state):
             result[-1] = nbformat.from_dict(dict(previous, text=previous["text"] + output["text"]))
             continue
         if WIDGET_VIEW in data:
-            result.extend(offline_outputs(widget_snapshot(data[WIDGET_VIEW], state), state))
+            snapshot = offline_outputs(widget_snapshot(data[WIDGET_VIEW], state), state)
+            # A panel shows its controls in several views (a row of sliders, then the figure): one caption.
+            result.extend(o for o in snapshot if not _is_caption(o) or not any(map(_is_caption, result)))
         elif PLOTLY_MIME in data:
             figure = nbformat.from_dict(dict(output, data={"text/html": plotly_html(data[PLOTLY_MIME])}))
             figure.metadata = {}
