@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from course_lib.checks import Exercise, Mistake, run_check
+from course_lib.checks import Exercise, Mistake, run_check, to_numpy
 
 # --- Exercise 5.1: share E and F across layers inside the PyTorch modules -----------------
 
@@ -106,7 +106,112 @@ exercise_5_1 = _ModelExercise("5.1", "share E and F across the layers", _share_r
                                                    "gradient of layer 1's E"), atol=1e-5, rtol=1e-4)
 
 
-# --- Exercise 5.2: when has a training run converged? (the rule of tools/train_sharing.py) -
+# --- Exercise 5.2: a Linformer that is exact for attention on a fixed set of positions -------
+# The learner derives E from the idea: if every row of P is non-zero only on k fixed key positions
+# (the lookup task's table), a projection that SELECTS those positions makes E K and F V exactly
+# those keys and values, and Eq. (4.4) is then exact attention restricted to them — at every n.
+# The rows may come in any order, so the check compares E with its rows sorted by position, and
+# the output of Linformer with E = F against exact attention that sees only those keys.
+
+def exact_projection(support, n):
+    """``(k, n)``, k = len(support): row i selects key position ``support[i]`` (0-based), so E K = K[support]."""
+    support = sorted(int(j) for j in support)
+    E = np.zeros((len(support), n))
+    E[np.arange(len(support)), support] = 1.0
+    return E
+
+
+def _qkv(n, seed):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((2, 3, n, c)) for c in (8, 8, 5))  # (b, h, n, d), (b, h, s, d), (b, h, s, e)
+
+
+def _by_position(E):
+    """E with its rows in the order of the position each row weighs most (the answer's rows may come in any order)."""
+    return E[np.argsort(np.argmax(np.abs(E), axis=-1), kind="stable")]
+
+
+def _selecting(fn):
+    """What the check compares: E (rows by position) and Linformer's output with E = F on batched inputs."""
+    def result(support, n):
+        from course_lib.numpy import linformer
+
+        E = to_numpy(fn(support, n))
+        q, k, v = _qkv(n, seed=n)
+        if E.ndim != 2 or E.shape[-1] != n or not np.all(np.isfinite(E)):
+            return E, np.empty(0)  # nothing to compute with: the message says what is wrong with E
+        return _by_position(E), linformer.linformer_attention(q, k, v, E, E)  # (b, h, n, e)
+    return result
+
+
+def _mean_pooling(support, n):
+    from course_lib.numpy.linformer import mean_pooling
+
+    return mean_pooling(len(support), n)
+
+
+def _averaging(support, n):
+    return exact_projection(support, n) / len(support)
+
+
+def _complement(support, n):
+    return exact_projection([j for j in range(n) if j not in set(support)], n)
+
+
+def _one_mixture(support, n):
+    return exact_projection(support, n).sum(axis=0, keepdims=True)  # (1, n)
+
+
+def _transposed(support, n):
+    return exact_projection(support, n).T  # (n, k)
+
+
+MISTAKES_5_2 = (
+    Mistake("mean-pooling", _mean_pooling,
+            "mean pooling averages blocks of consecutive positions, the table's and everybody else's: the projected "
+            "keys are then averages that no query asked for. Each row of E must pick ONE of the support positions."),
+    Mistake("rows-average", _averaging,
+            "each row picks one position with weight 1, not 1/k: E K scales the keys, and so the scores, and F V "
+            "scales the values; exact attention sees the keys and values as they are."),
+    Mistake("complement", _complement,
+            "you selected the positions OUTSIDE the support: select exactly the positions in `support`."),
+    Mistake("one-mixture", _one_mixture,
+            "one row that sums the support gives ONE projected key: the softmax over k = 1 column has nothing to "
+            "choose. Give every support position its own row (k = len(support))."),
+    Mistake("transposed", _transposed,
+            "E has shape (k, n): one row per projected key, one column per position, so that E K is (k, d)."),
+)
+
+
+def _cases_5_2():
+    return [("support {0, 1, 2, 3} of n = 8 (a table at the start)", ([0, 1, 2, 3], 8), {}),
+            ("support {2, 5, 9} of n = 12", ([2, 5, 9], 12), {}),
+            ("support {7, 0, 20, 3, 31} of n = 32, not sorted", ([7, 0, 20, 3, 31], 32), {})]
+
+
+def _exact_on_support(support, n):
+    """The truth the check is built on: exact attention that sees only the support's keys."""
+    from course_lib.numpy.full import softmax_attention
+
+    q, k, v = _qkv(n, seed=n)
+    mask = np.isin(np.arange(n), support)  # (s,) True on the support
+    return softmax_attention(q, k, v, key_mask=mask)
+
+
+class _SupportExercise(Exercise):
+    """Exercise 5.2's check: rows in any order pass; the output must be exact attention on the support."""
+
+    def __call__(self, candidate, *, verbose=True):
+        mistakes = [Mistake(m.name, _selecting(m.fn), m.hint) for m in self.mistakes]
+        return run_check(self.number, _selecting(candidate), _selecting(self.reference), self.cases(),
+                         names=self.names, mistakes=mistakes, atol=self.atol, rtol=self.rtol, verbose=verbose)
+
+
+exercise_5_2 = _SupportExercise("5.2", "a Linformer that is exact on a fixed set of positions", exact_projection,
+                                _cases_5_2, MISTAKES_5_2, names=("E, rows in order of position", "Linformer output"))
+
+
+# --- Exercise 5.3: when has a training run converged? (the rule of tools/train_sharing.py) -
 
 
 def plateau_stop(steps, losses, *, window, tol, min_steps):
@@ -148,7 +253,7 @@ def _window_in_evaluations(steps, losses, *, window, tol, min_steps):
     return plateau_stop(steps, losses, window=window * (steps[1] - steps[0]), tol=tol, min_steps=min_steps)
 
 
-MISTAKES_5_2 = (
+MISTAKES_5_3 = (
     Mistake("last-not-best", _last_not_best,
             "you compared two single evaluations (the loss now and one window ago); one noisy evaluation can "
             "rise or fall by more than tol. Compare the BEST loss up to t − window with the best loss up to t."),
@@ -173,7 +278,7 @@ def _curve(seed, *, stall, floor, rate, noise, n_evals=40, every=100):
     return steps, [max(x, 1e-4) for x in loss]
 
 
-def _cases_5_2():
+def _cases_5_3():
     rule = dict(window=500, tol=0.01, min_steps=1000)
     cases = [("a slow start, then a plateau at 0.4", _curve(0, stall=600, floor=0.4, rate=3e-3, noise=0.02)),
              ("a run that learns to a loss near 0", _curve(1, stall=200, floor=0.002, rate=4e-3, noise=0.0)),
@@ -188,7 +293,7 @@ def _cases_5_2():
     return out
 
 
-exercise_5_2 = Exercise("5.2", "when has a training run converged?", plateau_stop, _cases_5_2, MISTAKES_5_2,
+exercise_5_3 = Exercise("5.3", "when has a training run converged?", plateau_stop, _cases_5_3, MISTAKES_5_3,
                         names=("stop step", "converged"))
 
-EXERCISES = [exercise_5_1, exercise_5_2]
+EXERCISES = [exercise_5_1, exercise_5_2, exercise_5_3]
