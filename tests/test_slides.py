@@ -10,11 +10,10 @@ all its fragments shown) fits inside the frame.
 
 Every slide of every deck is also measured as the audience sees it (``tools/measure_slides.py``:
 visible words, content height, figure, display equation) and three slides per deck are saved to
-build/screenshots/.  The decks in ``REMARKED`` and the worked example of the slide convention
+build/screenshots/.  Every lesson deck and the worked example of the slide convention
 (tests/fixtures/slides/example_deck.ipynb) must keep the limits: no slide over 90 words, none
-nearly empty, a median of at most 45 words, the question first and the answer last.  The other
-lessons are reported, not failed: each shows as XFAIL with its figures until it is re-marked and
-added to ``REMARKED``.  A synthetic unmarked deck proves that each limit fails when broken.
+nearly empty, a median of at most 45 words, the question first and the answer last.  A synthetic
+unmarked deck proves that each limit fails when broken.
 
 The figure rules (no browser): legends stand clear of titles, heatmaps carry axis titles.
 """
@@ -26,7 +25,6 @@ import re
 import shutil
 import subprocess
 import sys
-import warnings
 
 import nbformat
 import numpy as np
@@ -48,23 +46,8 @@ DEFAULT = {"min_slides": 6, "math": True, "figure": True}
 EXPECTED = {"00_welcome": {"min_slides": 4, "math": False, "figure": False}}
 READY_MS = measure_slides.READY_MS
 
-# Lesson decks held to the limits of a lecture deck (tools/measure_slides.py; slides/README.md):
-# a lesson joins this set once its notebook is marked with the slide convention.  The lessons not
-# listed are measured and reported (XFAIL, with their figures), never failed on those limits.
-# When every lesson is listed, hold every deck to them (STRICT = MEASURED below), so that a new
-# lesson keeps them from its first commit.
-REMARKED = {
-    "00_welcome",
-    "01_attention_recap",
-    "02_low_rank",
-    "03_johnson_lindenstrauss",
-    "06_linear_attention",
-    "07_transformers_are_rnns",
-    "08_favor_plus",
-    "09_putting_it_together",
-    "10_linearizing",
-}
-STRICT = [*sorted(REMARKED), EXAMPLE.stem]
+# Every lesson deck is held to the limits of a lecture deck (tools/measure_slides.py; slides/README.md),
+# a new lesson from its first commit, and so is the convention's worked example.
 MEASURED = [p.stem for p in LESSONS] + [EXAMPLE.stem]
 
 
@@ -502,19 +485,13 @@ def measures_report(stem, slides):
 @pytest.mark.slow
 @pytest.mark.parametrize("stem", MEASURED)
 def test_deck_measures(walked, stem):
-    """A re-marked deck (``REMARKED``, the worked example) keeps every limit; another lesson's deck is
-    reported as XFAIL with its figures and the first slides that break a limit, never skipped."""
+    """Every deck keeps every limit: a slide over 90 visible words, a slide filled below 20 % with no
+    figure or equation, a median over 45 words, a deck without its question first and its answer last fail."""
     walk = walked(stem)
     slides = walk["slides"]
     assert walk["errors"] == [] and walk["blocked"] == []
     found = measure_slides.problems(slides)
-    if stem in STRICT:
-        assert found == [], measures_report(stem, slides) + "\n  " + "\n  ".join(found)
-    elif found:
-        pytest.xfail(f"not yet marked with the slide convention (add it to REMARKED once it is): "
-                     f"{measures_report(stem, slides)}; e.g. {'; '.join(found[:2])}")
-    else:
-        warnings.warn(f"{stem} keeps every limit of a lecture deck: add it to REMARKED in {__file__}", stacklevel=1)
+    assert found == [], measures_report(stem, slides) + "\n  " + "\n  ".join(found)
 
 
 # --- Widget cells: a notebook opened without running it shows a figure in their place ---
