@@ -300,3 +300,10 @@ def test_results_cover_every_row_of_the_table_on_heldout_passages(results):
         assert -1 <= row["control"] <= 1 and row["cosine"] <= 1.0 + 1e-9 and 0 <= row["retrieval"] <= 1
         if row["training"] != "none":  # a trained variant keeps each passage's own direction
             assert row["cosine"] - row["control"] > 0.3 and row["identification"] > 0.9
+
+
+def test_the_stored_files_stay_small():
+    # the repository keeps every tracked file under 3 MB: the checkpoints are float16, the sweep has few f
+    files = sorted(data_path("linearized_results.json").parent.glob("linearized_*"))
+    assert len(files) == len(linearize.NAMES) + 2  # the models, the checkpoints and the results
+    assert all(f.stat().st_size < 3e6 for f in files), {f.name: f.stat().st_size for f in files}

@@ -5,11 +5,13 @@
 
 Every fit uses the *training* passages of ``course_lib.tasks.passage_split`` (the corpus's
 start); every score comes from its *held-out* passages (the corpus's end), which no stage sees.
-What it trains, in order (each stage's wall time and process CPU time are stored):
+What it trains (independent parts, run by ``--jobs`` processes at once, one torch thread each;
+every stage's wall time and process CPU time are stored):
 
 1. Hedgehog (Zhang et al. 2024): maps with W = I at the start; stage 1 (attention distillation
    per layer) with checkpoints for the notebook's training-steps widget, repeated with other
-   seeds (the spread) and with fewer features (the features widget); then stage 2 (end to end).
+   seeds (the spread) and with fewer features (the features widget); then stage 2 (end to end,
+   in its own process after the same seed-0 stage 1, checked equal to the stored one).
 2. T2R (Kasai et al. 2021): random relu maps swapped in, trained end to end (stage 2 only).
 3. Linformer: E, F learned for every layer (stage 1, lesson 04's loss), then trained end to end.
 
@@ -20,10 +22,12 @@ lesson 09 (uniform attention, elu+1, FAVOR+, mean-pooling Linformer).
 import argparse
 import copy
 import json
+import multiprocessing
 import pathlib
 import platform
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 import torch
@@ -109,7 +113,8 @@ def main(argv=None):
     parser.add_argument("--stage2-layer-weight", type=float, default=0.0,
                         help="weight of the intermediate layers' hidden states in stage 2 (0: the last only)")
     parser.add_argument("--stage2-schedule", choices=["constant", "cosine"], default="constant")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument("--jobs", type=int, default=8, help="processes that train the independent parts at once")
     parser.add_argument("--quick", action="store_true", help="tiny settings, for a look (needs --out)")
     parser.add_argument("--out", default=str(DATA))
     args = parser.parse_args(argv)
@@ -122,21 +127,108 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    clock, start = Clock(), time.perf_counter()
+    clock, start, cpu_start = Clock(), time.perf_counter(), time.process_time()
 
     model = load_minilm()
     train, heldout = passage_split(args.train, args.heldout, min_tokens=args.n, tokenizer=model.tokenizer)
     assert not set(train) & set(heldout)
     token_ids, key_mask = model.tokenize(train, max_length=args.n, truncate=True)  # (b, n) each
-    ids1, mask1 = token_ids[:args.stage1_train], key_mask[:args.stage1_train]  # stage 1 keeps q, k, v of each layer
     probe_ids, probe_mask = model.tokenize(heldout[:8], max_length=args.n, truncate=True)
     exact = clock.run("exact reference", evaluate.exact_reference, model, heldout)
-    rows = [{"name": "exact", "training": "none", "cosine": 1.0, "control": float(np.mean(
+    exact_row = {"name": "exact", "training": "none", "cosine": 1.0, "control": float(np.mean(
         (exact["embeddings"] @ exact["embeddings"].T)[~np.eye(len(heldout), dtype=bool)])), "centred_cosine": 1.0,
-        "identification": 1.0, "retrieval": exact["retrieval"], "retrieval_hits": exact["retrieval_hits"]}]
+        "identification": 1.0, "retrieval": exact["retrieval"], "retrieval_hits": exact["retrieval_hits"]}
     print(f"  exact: retrieval {exact['retrieval_hits']}/{len(heldout)}", flush=True)
+    CONTEXT.update(args=args, out=out, model=model, heldout=heldout, exact=exact, token_ids=token_ids,
+                   key_mask=key_mask, probe=(probe_ids, probe_mask))
 
-    # --- untrained swap-ins (lesson 09) ---
+    # The parts share nothing but the context above, so they run in parallel processes (forked:
+    # each starts with the loaded model); the longest first.
+    parts = [("stage2", ()), ("linformer", ()), ("stage1", ()), ("t2r", ())]
+    parts += [("seed", (seed,)) for seed in range(1, args.stage1_seeds)] + [("sweep", (f,)) for f in args.sweep]
+    parts += [("untrained", ())]
+    if args.jobs > 1:
+        with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+            futures = [pool.submit(run_part, name, *extra) for name, extra in parts]
+            done = [future.result() for future in futures]
+    else:
+        done = [run_part(name, *extra) for name, extra in parts]
+    results = {}
+    for (name, _), part in zip(parts, done, strict=True):
+        results.setdefault(name, []).append(part)
+        clock.stages.update(part["stages"])
+    stage1, stage2 = results["stage1"][0], results["stage2"][0]
+    for key, value in stage1["final_state"].items():  # stage 2 re-ran stage 1 in its own process: the same maps
+        torch.testing.assert_close(stage2["stage1_state"][key], value, rtol=0, atol=0)
+    t2r, linformer = results["t2r"][0], results["linformer"][0]
+    rows = [exact_row, *results["untrained"][0]["rows"], stage1["row"], stage2["row"], t2r["row"], *linformer["rows"]]
+    seed_rows = [{"seed": 0, "cosine": stage1["row"]["cosine"]}]
+    seed_rows += [part["seed_row"] for part in results.get("seed", [])]
+    sweep_rows = [part["sweep_row"] for part in results.get("sweep", [])]
+    sweep_rows.append({"f": args.features, "features": 2 * args.features, "cosine": stage1["row"]["cosine"],
+                       "seconds": stage1["seconds"], "heldout_loss": stage1["checkpoint_rows"][-1]["heldout_loss"]})
+    half = {**stage1["half"], **{k: v for part in results.get("sweep", []) for k, v in part["half"].items()}}
+    save_file({k: v.contiguous() for k, v in half.items()},
+              str(out / "linearized_checkpoints.safetensors"), metadata={"command": COMMAND})
+
+    results = {
+        "command": COMMAND + (" --quick" if args.quick else ""), "settings": vars(args),
+        "hardware": f"{cpu_name()}, {args.threads} thread(s) per process, {args.jobs} processes at once, "
+                    f"torch {torch.__version__}",
+        "train_passages": len(train), "stage1_passages": args.stage1_train, "heldout_passages": len(heldout),
+        "n": args.n, "rows": rows, "stages": clock.stages, "total_wall_s": time.perf_counter() - start,
+        "total_cpu_s": time.process_time() - cpu_start + sum(part["cpu_s"] for part in done),
+        "stage1_losses": stage1["losses"], "stage2_losses": stage2["losses"], "t2r_losses": t2r["losses"],
+        "linformer_stage1_losses": linformer["stage1_losses"], "linformer_stage2_losses": linformer["losses"],
+        "stage2_total_losses": {"hedgehog": stage2["total_losses"], "t2r": t2r["total_losses"],
+                                "linformer": linformer["total_losses"]},  # what stage 2 minimised: Eq. 10.7 + layers'
+        "stage1_checkpoints": stage1["checkpoint_rows"], "stage1_seeds": seed_rows, "feature_sweep": sweep_rows,
+        "stage1_one_layer_cosines": stage1["one_layer"],
+        "added_parameters": {"hedgehog": stage2["added"], "t2r": t2r["added"], "linformer": linformer["added"]},
+    }
+    (out / "linearized_results.json").write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {out} in {results['total_wall_s']:.0f} s wall, {results['total_cpu_s']:.0f} s CPU", flush=True)
+
+
+CONTEXT = {}  # what every part reads: set by main before the parts run (inherited by forked processes)
+
+
+def run_part(name, *extra):
+    """Run one part in this process; its result, with its stages' wall and CPU seconds and its total CPU."""
+    torch.set_num_threads(CONTEXT["args"].threads)
+    cpu = time.process_time()
+    clock = Clock()
+    result = PARTS[name](clock, *extra)
+    return {**result, "stages": clock.stages, "cpu_s": time.process_time() - cpu}
+
+
+def _stage1_settings(args):
+    return dict(steps=args.stage1_steps, lr=args.stage1_lr, batch_size=args.stage1_batch, rows=args.stage1_rows)
+
+
+def _stage2_settings(args):
+    return dict(steps=args.stage2_steps, lr=args.stage2_lr, batch_size=args.stage2_batch,
+                embedding_weight=args.stage2_embedding_weight, layer_weight=args.stage2_layer_weight,
+                schedule=args.stage2_schedule)
+
+
+def _stage1_texts():
+    count = CONTEXT["args"].stage1_train  # stage 1 keeps q, k, v of every layer: fewer texts
+    return CONTEXT["token_ids"][:count], CONTEXT["key_mask"][:count]
+
+
+def _with_adapters(student, method, **options):
+    """``student``'s trained kernels in a fresh ``linearize``d model with adapters (for stage 2)."""
+    args = CONTEXT["args"]
+    if not args.rank:
+        return student
+    staged = lin.linearize(CONTEXT["model"], method, rank=args.rank, adapt=args.adapt, **options)
+    return lin.load_trained(staged, {**lin.trainable_state(staged), **lin.trainable_state(student)})
+
+
+def part_untrained(clock):
+    """The untrained swap-ins of lesson 09: uniform attention, elu+1, FAVOR+, mean-pooling Linformer."""
+    args, model, rows = CONTEXT["args"], CONTEXT["model"], []
     generator = torch.Generator().manual_seed(0)
     d = model.config.d_model // model.config.n_heads
     untrained = {"uniform attention (mean of V)": lin.uniform_kernel(), "elu+1, untrained": lin.elu_kernel(),
@@ -144,105 +236,119 @@ def main(argv=None):
                  f"Linformer (k = {args.k}), mean pooling, untrained": swap_in.linformer_kernel(
                      mean_pooling(args.k, args.n), mean_pooling(args.k, args.n))}
     for name, kernel in untrained.items():
-        clock.run(f"score {name}", score, name, model.with_attention(kernel), heldout, exact, rows, training="none")
+        clock.run(f"score {name}", score, name, model.with_attention(kernel), CONTEXT["heldout"], CONTEXT["exact"],
+                  rows, training="none")
+    return {"rows": rows}
 
-    # --- Hedgehog: stage 1 (with checkpoints, seeds and fewer features), then stage 2 ---
-    steps1 = dict(steps=args.stage1_steps, lr=args.stage1_lr, batch_size=args.stage1_batch, rows=args.stage1_rows)
+
+def part_stage1(clock):
+    """Hedgehog stage 1 (seed 0) with checkpoints for the steps widget, its score, and one layer at a time."""
+    args, model, heldout, exact = CONTEXT["args"], CONTEXT["model"], CONTEXT["heldout"], CONTEXT["exact"]
     marks = sorted({0, *(int(round(args.stage1_steps * x)) for x in (0.05, 0.125, 0.25, 0.5, 1.0))})
     half = {}  # the checkpoints' maps in float16 (a heatmap's precision): the file stays small
     hedgehog = lin.linearize(model, "hedgehog", n_features=args.features)
-    stage1 = clock.run("Hedgehog stage 1", lin.distill_attention, hedgehog, model, ids1, mask1,
-                       checkpoints=marks, seed=0, **steps1)
+    run = clock.run("Hedgehog stage 1", lin.distill_attention, hedgehog, model, *_stage1_texts(),
+                    checkpoints=marks, seed=0, **_stage1_settings(args))
     checkpoint_rows = []
-    for step, state in stage1["checkpoints"].items():
+    for step, state in run["checkpoints"].items():
         lin.load_trained(hedgehog, state)
         result = evaluate.heldout_scores(hedgehog, heldout, exact, retrieval=False)
         checkpoint_rows.append({"step": step, "cosine": result["cosine"], "centred_cosine": result["centred_cosine"],
-                                "heldout_loss": heldout_attention_loss(hedgehog, model, probe_ids, probe_mask)})
+                                "heldout_loss": heldout_attention_loss(hedgehog, model, *CONTEXT["probe"])})
         if 0 < step < args.stage1_steps:  # step 0 is W = I, the last step is linearized_hedgehog_stage1
             half.update({f"step{step}.{key}": value.half() for key, value in state.items()})
         print(f"  stage 1 checkpoint {step}: cosine {result['cosine']:.3f}", flush=True)
-    lin.save_linearized(hedgehog, out / "linearized_hedgehog_stage1.safetensors", command=COMMAND)
-    score("Hedgehog, stage 1", hedgehog, heldout, exact, rows, training="stage 1", seconds=stage1["seconds"])
+    lin.save_linearized(hedgehog, CONTEXT["out"] / "linearized_hedgehog_stage1.safetensors", command=COMMAND)
+    rows = []
+    clock.run("score Hedgehog, stage 1", score, "Hedgehog, stage 1", hedgehog, heldout, exact, rows,
+              training="stage 1", seconds=run["seconds"])
     one_layer = []  # the stage-1 map of one layer in the exact model: which layer costs most
     for i in range(model.config.n_layers):
         single = copy.deepcopy(model)
         single.layers[i].attention = hedgehog.layers[i].attention
         one_layer.append(evaluate.heldout_scores(single, heldout, exact, retrieval=False)["cosine"])
     print("  one layer at a time: " + ", ".join(f"{c:.3f}" for c in one_layer), flush=True)
-    seed_rows = [{"seed": 0, "cosine": rows[-1]["cosine"]}]
-    for seed in range(1, args.stage1_seeds):
-        other = lin.linearize(model, "hedgehog", n_features=args.features)
-        clock.run(f"Hedgehog stage 1, seed {seed}", lin.distill_attention, other, model, ids1, mask1,
-                  seed=seed, **steps1)
-        cosine = evaluate.heldout_scores(other, heldout, exact, retrieval=False)["cosine"]
-        seed_rows.append({"seed": seed, "cosine": cosine})
-        print(f"  stage 1 seed {seed}: cosine {seed_rows[-1]['cosine']:.3f}", flush=True)
-    sweep_rows = []
-    for f in args.sweep:
-        other = lin.linearize(model, "hedgehog", n_features=f)
-        run = clock.run(f"Hedgehog stage 1, f = {f}", lin.distill_attention, other, model, ids1, mask1,
-                        seed=0, **steps1)
-        result = evaluate.heldout_scores(other, heldout, exact, retrieval=False)
-        sweep_rows.append({"f": f, "features": 2 * f, "cosine": result["cosine"], "seconds": run["seconds"],
-                           "heldout_loss": heldout_attention_loss(other, model, probe_ids, probe_mask)})
-        half.update({f"features{2 * f}.{key}": value.half() for key, value in lin.trainable_state(other).items()})
-        print(f"  stage 1 with f = {f}: cosine {result['cosine']:.3f}", flush=True)
-    sweep_rows.append({"f": args.features, "features": 2 * args.features, "cosine": seed_rows[0]["cosine"],
-                       "seconds": stage1["seconds"], "heldout_loss": checkpoint_rows[-1]["heldout_loss"]})
-    save_file({k: v.contiguous() for k, v in half.items()},
-              str(out / "linearized_checkpoints.safetensors"), metadata={"command": COMMAND})
+    return {"row": rows[0], "losses": run["losses"], "seconds": run["seconds"], "checkpoint_rows": checkpoint_rows,
+            "half": half, "one_layer": one_layer, "final_state": lin.trainable_state(hedgehog)}
 
-    steps2 = dict(steps=args.stage2_steps, lr=args.stage2_lr, batch_size=args.stage2_batch,
-                  embedding_weight=args.stage2_embedding_weight, layer_weight=args.stage2_layer_weight,
-                  schedule=args.stage2_schedule)
-    adapters = dict(rank=args.rank, adapt=args.adapt)
-    if args.rank:
-        staged = lin.linearize(model, "hedgehog", n_features=args.features, **adapters)
-        lin.load_trained(staged, {**lin.trainable_state(staged), **lin.trainable_state(hedgehog)})
-        hedgehog = staged
-    stage2 = clock.run("Hedgehog stage 2", lin.distill_outputs, hedgehog, model, token_ids, key_mask, seed=0, **steps2)
-    lin.save_linearized(hedgehog, out / "linearized_hedgehog.safetensors", command=COMMAND)
-    score("Hedgehog, stages 1 + 2", hedgehog, heldout, exact, rows, training="stage 1 + stage 2",
-          seconds=stage1["seconds"] + stage2["seconds"])
 
-    # --- T2R: swap in, then train end to end ---
-    t2r = lin.linearize(model, "t2r", n_features=args.t2r_features, **adapters)
-    t2r_run = clock.run("T2R stage 2", lin.distill_outputs, t2r, model, token_ids, key_mask, seed=0, **steps2)
-    lin.save_linearized(t2r, out / "linearized_t2r.safetensors", command=COMMAND)
-    score("T2R, trained end to end", t2r, heldout, exact, rows, training="stage 2", seconds=t2r_run["seconds"])
+def part_stage2(clock):
+    """Hedgehog stage 1 again (seed 0: the same maps as part_stage1), then stage 2 with adapters."""
+    args, model = CONTEXT["args"], CONTEXT["model"]
+    hedgehog = lin.linearize(model, "hedgehog", n_features=args.features)
+    first = clock.run("Hedgehog stage 1 (again, before stage 2)", lin.distill_attention, hedgehog, model,
+                      *_stage1_texts(), seed=0, **_stage1_settings(args))
+    stage1_state = lin.trainable_state(hedgehog)
+    hedgehog = _with_adapters(hedgehog, "hedgehog", n_features=args.features)
+    run = clock.run("Hedgehog stage 2", lin.distill_outputs, hedgehog, model, CONTEXT["token_ids"],
+                    CONTEXT["key_mask"], seed=0, **_stage2_settings(args))
+    lin.save_linearized(hedgehog, CONTEXT["out"] / "linearized_hedgehog.safetensors", command=COMMAND)
+    rows = []
+    clock.run("score Hedgehog, stages 1 + 2", score, "Hedgehog, stages 1 + 2", hedgehog, CONTEXT["heldout"],
+              CONTEXT["exact"], rows, training="stage 1 + stage 2", seconds=first["seconds"] + run["seconds"])
+    return {"row": rows[0], "losses": run["losses"], "total_losses": run["total_losses"],
+            "stage1_state": stage1_state, "added": lin.added_parameters(hedgehog)}
 
-    # --- Linformer: E, F learned for every layer, then end to end ---
+
+def part_seed(clock, seed):
+    """Hedgehog stage 1 with another seed (minibatch order and rows): the spread of stage 1."""
+    args, model = CONTEXT["args"], CONTEXT["model"]
+    other = lin.linearize(model, "hedgehog", n_features=args.features)
+    clock.run(f"Hedgehog stage 1, seed {seed}", lin.distill_attention, other, model, *_stage1_texts(), seed=seed,
+              **_stage1_settings(args))
+    cosine = evaluate.heldout_scores(other, CONTEXT["heldout"], CONTEXT["exact"], retrieval=False)["cosine"]
+    print(f"  stage 1 seed {seed}: cosine {cosine:.3f}", flush=True)
+    return {"seed_row": {"seed": seed, "cosine": cosine}}
+
+
+def part_sweep(clock, f):
+    """Hedgehog stage 1 with f features per half: the features widget."""
+    args, model = CONTEXT["args"], CONTEXT["model"]
+    other = lin.linearize(model, "hedgehog", n_features=f)
+    run = clock.run(f"Hedgehog stage 1, f = {f}", lin.distill_attention, other, model, *_stage1_texts(), seed=0,
+                    **_stage1_settings(args))
+    result = evaluate.heldout_scores(other, CONTEXT["heldout"], CONTEXT["exact"], retrieval=False)
+    print(f"  stage 1 with f = {f}: cosine {result['cosine']:.3f}", flush=True)
+    return {"sweep_row": {"f": f, "features": 2 * f, "cosine": result["cosine"], "seconds": run["seconds"],
+                          "heldout_loss": heldout_attention_loss(other, model, *CONTEXT["probe"])},
+            "half": {f"features{2 * f}.{key}": value.half() for key, value in lin.trainable_state(other).items()}}
+
+
+def part_t2r(clock):
+    """T2R: random relu maps swapped in, then trained end to end (stage 2 only)."""
+    args, model = CONTEXT["args"], CONTEXT["model"]
+    t2r = lin.linearize(model, "t2r", n_features=args.t2r_features, rank=args.rank, adapt=args.adapt)
+    run = clock.run("T2R stage 2", lin.distill_outputs, t2r, model, CONTEXT["token_ids"], CONTEXT["key_mask"], seed=0,
+                    **_stage2_settings(args))
+    lin.save_linearized(t2r, CONTEXT["out"] / "linearized_t2r.safetensors", command=COMMAND)
+    rows = []
+    clock.run("score T2R", score, "T2R, trained end to end", t2r, CONTEXT["heldout"], CONTEXT["exact"], rows,
+              training="stage 2", seconds=run["seconds"])
+    return {"row": rows[0], "losses": run["losses"], "total_losses": run["total_losses"],
+            "added": lin.added_parameters(t2r)}
+
+
+def part_linformer(clock):
+    """Linformer: E, F learned for every layer (stage 1, lesson 04's loss), then trained end to end."""
+    args, model, heldout, exact = CONTEXT["args"], CONTEXT["model"], CONTEXT["heldout"], CONTEXT["exact"]
     linformer = lin.linearize(model, "linformer", k_proj=args.k, n_max=args.n)
-    lf1 = clock.run("Linformer stage 1", lin.distill_attention, linformer, model, ids1, mask1, seed=0,
-                    **{**steps1, "lr": args.linformer_lr})
-    score(f"Linformer (k = {args.k}), E, F learned", linformer, heldout, exact, rows, training="stage 1",
-          seconds=lf1["seconds"])
-    if args.rank:
-        staged = lin.linearize(model, "linformer", k_proj=args.k, n_max=args.n, **adapters)
-        lin.load_trained(staged, {**lin.trainable_state(staged), **lin.trainable_state(linformer)})
-        linformer = staged
-    lf2 = clock.run("Linformer stage 2", lin.distill_outputs, linformer, model, token_ids, key_mask, seed=0, **steps2)
-    lin.save_linearized(linformer, out / "linearized_linformer.safetensors", command=COMMAND)
-    score(f"Linformer (k = {args.k}), E, F learned + end to end", linformer, heldout, exact, rows,
-          training="stage 1 + stage 2", seconds=lf1["seconds"] + lf2["seconds"])
+    first = clock.run("Linformer stage 1", lin.distill_attention, linformer, model, *_stage1_texts(), seed=0,
+                      **{**_stage1_settings(args), "lr": args.linformer_lr})
+    rows = []
+    clock.run("score Linformer, stage 1", score, f"Linformer (k = {args.k}), E, F learned", linformer, heldout, exact,
+              rows, training="stage 1", seconds=first["seconds"])
+    linformer = _with_adapters(linformer, "linformer", k_proj=args.k, n_max=args.n)
+    run = clock.run("Linformer stage 2", lin.distill_outputs, linformer, model, CONTEXT["token_ids"],
+                    CONTEXT["key_mask"], seed=0, **_stage2_settings(args))
+    lin.save_linearized(linformer, CONTEXT["out"] / "linearized_linformer.safetensors", command=COMMAND)
+    clock.run("score Linformer, stages 1 + 2", score, f"Linformer (k = {args.k}), E, F learned + end to end",
+              linformer, heldout, exact, rows, training="stage 1 + stage 2", seconds=first["seconds"] + run["seconds"])
+    return {"rows": rows, "stage1_losses": first["losses"], "losses": run["losses"],
+            "total_losses": run["total_losses"], "added": lin.added_parameters(linformer)}
 
-    results = {
-        "command": COMMAND + (" --quick" if args.quick else ""), "settings": vars(args),
-        "hardware": f"{cpu_name()}, {args.threads} threads, torch {torch.__version__}",
-        "train_passages": len(train), "stage1_passages": len(ids1), "heldout_passages": len(heldout), "n": args.n,
-        "rows": rows, "stages": clock.stages, "total_wall_s": time.perf_counter() - start,
-        "stage1_losses": stage1["losses"], "stage2_losses": stage2["losses"], "t2r_losses": t2r_run["losses"],
-        "linformer_stage1_losses": lf1["losses"], "linformer_stage2_losses": lf2["losses"],
-        "stage2_total_losses": {"hedgehog": stage2["total_losses"], "t2r": t2r_run["total_losses"],
-                                "linformer": lf2["total_losses"]},  # what stage 2 minimised: Eq. 10.7 + layers' term
-        "stage1_checkpoints": checkpoint_rows, "stage1_seeds": seed_rows, "feature_sweep": sweep_rows,
-        "stage1_one_layer_cosines": one_layer,
-        "added_parameters": {"hedgehog": lin.added_parameters(hedgehog), "t2r": lin.added_parameters(t2r),
-                             "linformer": lin.added_parameters(linformer)},
-    }
-    (out / "linearized_results.json").write_text(json.dumps(results, indent=1) + "\n")
-    print(f"wrote {out} in {results['total_wall_s']:.0f} s", flush=True)
+
+PARTS = {"untrained": part_untrained, "stage1": part_stage1, "stage2": part_stage2, "seed": part_seed,
+         "sweep": part_sweep, "t2r": part_t2r, "linformer": part_linformer}
 
 
 if __name__ == "__main__":
