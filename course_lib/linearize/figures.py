@@ -21,7 +21,7 @@ def weights_against_scores(scores, rows, *, title, height=400):
     order = np.argsort(scores)
     fig = go.Figure()
     for i, (name, weights) in enumerate(rows.items()):
-        fig.add_trace(go.Scatter(x=viz.rounded(scores[order], 4), y=viz.rounded(np.maximum(weights[order], 1e-8), 3),
+        fig.add_trace(go.Scatter(x=viz.rounded(scores[order], 4), y=viz.rounded(np.maximum(weights[order], 1e-8), 4),
                                  mode="markers", name=name, marker=dict(size=5, color=viz.COLORS[i])))
     viz.style(fig, title=title, x_title="score q·k / √d of each key", y_title="weight (log scale, floor 1e-8)",
               log_y=True, height=height)
