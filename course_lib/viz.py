@@ -72,7 +72,6 @@ def heatmap(matrix, *, colorscale="Viridis", zmin=None, zmax=None, x_title="key 
     return style(fig, x_title=x_title, y_title=y_title, **layout)
 
 
-
 BASELINE_COLORS = {"output 0": "#7f7f7f", "uniform": "#bcbd22"}  # gray and olive: apart from COLORS
 BASELINE_DASHES = ("dot", "dashdot", "longdashdot")  # the first, second, third line of the same answer
 
@@ -370,17 +369,6 @@ def running_means(draws, means, bands, exact, *, title="Mean of the estimates ov
     return style(fig, title=title, x_title="draws of ω", y_title="estimate of exp(xᵀy)", log_x=True, height=height)
 
 
-def mse_bands(ms, series, *, title="Output MSE versus m", y_title="MSE of the attention output", height=420):
-    """Mean MSE versus m, one line per ``name: (mean, error)`` with ±error bars, log-log axes, a tick at every m."""
-    fig = go.Figure()
-    for i, (name, (mean, std)) in enumerate(series.items()):
-        fig.add_trace(go.Scatter(x=ms, y=rounded(mean, 4), name=name, mode="lines+markers",
-                                 error_y=dict(type="data", array=rounded(std, 3), visible=True),
-                                 line=dict(color=COLORS[i % len(COLORS)])))
-    style(fig, title=title, x_title="m (random features)", y_title=y_title, log_x=True, log_y=True, height=height)
-    return fig.update_xaxes(tickvals=list(ms), ticktext=[str(m) for m in ms])
-
-
 # --- Lesson 09 ---
 
 def bench_minimum_figure(rows, *, title="Forward time (minimum of repeats) and peak memory versus n", height=440):
@@ -416,16 +404,3 @@ def pareto_figure(rows, *, floor=1e-6, title="Error versus cost on one MiniLM la
     style(fig, title=title, x_title="forward time, minimum (ms)", y_title="relative error (clipped at 1e-6)",
           log_x=True, log_y=True, height=height)
     return fig.update_yaxes(exponentformat="power")
-
-
-def swap_in_bars(rows, unrelated, *, title="MiniLM with every layer swapped: cosine to the exact embeddings",
-                 height=460):
-    """Mean embedding cosine per variant and setting as horizontal bars, with the unrelated-passages level."""
-    labels = [f"{r['variant']}, {r['setting']}" if r["setting"] != "–" else r["variant"] for r in rows]
-    fig = go.Figure(go.Bar(x=rounded([r["mean"] for r in rows], 3), y=labels, orientation="h",
-                           marker_color=COLORS[0], name="mean cosine"))
-    fig.add_vline(x=float(rounded(unrelated, 3)), line_dash="dash", line_color="black",
-                  annotation_text="two different passages")
-    fig.update_yaxes(autorange="reversed")
-    return style(fig, title=title, x_title="cosine to the exact model's embedding", y_title="variant, setting",
-                 height=height)
