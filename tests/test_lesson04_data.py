@@ -1,22 +1,11 @@
 """Lesson 04's stored fit and its tool: the best fixed projection, the trivial baselines, the curves."""
 
-import importlib.util
-import pathlib
-
 import numpy as np
 import pytest
 
 from course_lib import data_path
 from course_lib.checks.lesson04 import best_fixed_projection
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
-
-def _tool():
-    spec = importlib.util.spec_from_file_location("fit_projections", ROOT / "tools" / "fit_projections.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tools import fit_projections
 
 
 def _softmax_rows(rng, shape, spread):
@@ -38,7 +27,7 @@ def test_the_best_fixed_projection_beats_every_other_fixed_projection_on_its_tra
     for _ in range(200):  # random orthonormal k-frames never do better
         G = np.linalg.qr(rng.standard_normal((16, k)))[0].T
         assert loss(F) <= loss(G) + 1e-12
-    tool = _tool()
+    tool = fit_projections
     second_moment = tool.second_moment(*(_qk_for(P)))
     np.testing.assert_allclose(second_moment, np.einsum("tns,tnu->su", P, P), rtol=1e-10)
 
@@ -57,7 +46,7 @@ def test_the_tools_top_eigenvectors_match_the_exercise_reference():
     rng = np.random.default_rng(1)
     P = _softmax_rows(rng, (3, 10, 10), 1.5)
     rows = P.reshape(-1, 10)
-    tool_F = _tool().top_eigenvectors(rows.T @ rows, 3)
+    tool_F = fit_projections.top_eigenvectors(rows.T @ rows, 3)
     np.testing.assert_allclose(tool_F.T @ tool_F, best_fixed_projection(P, 3).T @ best_fixed_projection(P, 3),
                                atol=1e-10)  # the same subspace
 
@@ -85,7 +74,7 @@ def test_stored_fit_holds_the_baselines_the_reference_and_the_curves(stored):
 
 def test_the_fit_tool_runs_end_to_end(tmp_path):
     out = tmp_path / "fit.npz"
-    _tool().main(["--layer", "2", "--k", "16", "--layers", "2", "--k-layers", "16", "--n", "64", "--train", "2",
+    fit_projections.main(["--layer", "2", "--k", "16", "--layers", "2", "--k-layers", "16", "--n", "64", "--train", "2",
                   "--heldout", "1", "--steps", "4", "--eval-every", "2", "--out", str(out)])
     result = np.load(out)
     assert result["heldout_errors"].shape == (1, len(result["methods"]), 12)

@@ -1,9 +1,7 @@
 """Lesson 05's tasks and stored runs: the lookup task's low-rank attention, scoring that skips the
 table, the training tool's fused exact attention, and the stored runs the lesson reads."""
 
-import importlib.util
 import json
-import pathlib
 
 import numpy as np
 import pytest
@@ -12,15 +10,7 @@ import torch
 from course_lib import data_path, tasks
 from course_lib.torch.full import softmax_attention
 from course_lib.torch.linformer import LinformerEncoder
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
-
-def _tool():
-    spec = importlib.util.spec_from_file_location("train_sharing", ROOT / "tools" / "train_sharing.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tools import train_sharing
 
 
 def test_lookup_targets_are_the_table_entries_the_indices_point_to():
@@ -67,7 +57,7 @@ def test_evaluate_batch_scores_only_the_scored_positions():
 
 
 def test_the_tool_gives_exact_attention_the_fused_kernel_with_the_same_output():
-    tool = _tool()
+    tool = train_sharing
     q, k, v = (torch.randn(2, 3, 10, 4, dtype=torch.float64) for _ in range(3))
     torch.testing.assert_close(tool.fused_attention(q, k, v), softmax_attention(q, k, v))
     torch.manual_seed(0)
@@ -79,7 +69,7 @@ def test_the_tool_gives_exact_attention_the_fused_kernel_with_the_same_output():
 
 
 def test_the_tool_starts_pooling_runs_at_mean_pooling():
-    tool = _tool()
+    tool = train_sharing
     model = tool.build(16, 4, "headwise", "pooling")
     first = model.layers[0].attention
     pool = np.zeros((4, 16))
@@ -90,7 +80,7 @@ def test_the_tool_starts_pooling_runs_at_mean_pooling():
 
 
 def test_plateau_test_passes_only_on_a_flat_best_loss():
-    tool = _tool()
+    tool = train_sharing
     assert not tool.plateaued([2.0, 1.0, 0.5, 0.2], per_window=2, tol=0.01)  # still falling
     assert tool.plateaued([2.0, 1.0, 0.5, 0.499, 0.6], per_window=2, tol=0.01)  # best moved by 0.001
     assert not tool.plateaued([2.0, 1.0], per_window=2, tol=0.01)  # not one window of evaluations yet
