@@ -206,16 +206,12 @@ VARIANTS = {
                              "by default: chunked, DEFAULT_CHUNK_SIZE (or --chunk); memory linear in n"),
     "causal_linear_prefix": Variant(_causal(_build_linear, prefix=True), linear_flops, about="causal_linear_attention"
                                     "(chunk_size=None): prefix sums, the teaching form (backward stores n states)"),
-    "causal_linear_chunked": Variant(_causal(_build_linear), chunked_flops, ("chunk",), "the same call as "
-                                     "causal_linear (the name older commands and stored grids use)"),
     "performer": Variant(_build_performer, performer_flops, ("m",), "performer_attention, positive features (FAVOR+), "
                          "m random features"),
     "causal_performer": Variant(_causal(_build_performer), chunked_performer_flops, ("m", "chunk"),
                                 "performer_attention(causal=True) as called by default: chunked"),
     "causal_performer_prefix": Variant(_causal(_build_performer, prefix=True), performer_flops, ("m",),
                                        "performer_attention(causal=True, chunk_size=None): prefix sums"),
-    "causal_performer_chunked": Variant(_causal(_build_performer), chunked_performer_flops, ("m", "chunk"),
-                                        "the same call as causal_performer (the name older commands use)"),
 }
 
 
