@@ -112,6 +112,91 @@ def test_cross_entropy_is_smallest_at_the_teacher_and_drops_padded_rows(tree, rn
     np.testing.assert_allclose(got, rows[key_mask].mean(), rtol=1e-9)
 
 
+# --- a sliding window beside the learned kernel (Eq. 10.9) -------------------------------------------
+
+def _window_case(rng, b=2, h=3, n=11, d=4, f=5, e=6):
+    q, k = rng.standard_normal((b, h, n, d)) * 2, rng.standard_normal((b, h, n, d)) * 2  # spiky scores
+    v = rng.standard_normal((b, h, n, e))
+    phi_q, phi_k = np.exp(rng.standard_normal((b, h, n, f))), np.exp(rng.standard_normal((b, h, n, f)))
+    return q, k, v, phi_q, phi_k, rng.standard_normal((h, 1, 1))  # log_scale: one per head
+
+
+@pytest.mark.parametrize("window", [0, 2, 30])
+def test_window_weights_are_the_band_of_softmax_plus_the_scaled_kernel(tree, rng, window):
+    q, k, v, phi_q, phi_k, log_scale = _window_case(rng)
+    mask = padding_mask([11, 7], 11)[:, None, :]  # (b, 1, s): one mask for every head
+    got = tree.numpy(tree.feature_maps.window_linear_weights(*tree.arrays(q, k, phi_q, phi_k), window=window,
+                                                             log_scale=tree.array(log_scale),
+                                                             key_mask=tree.array(mask)))
+    near = np.abs(np.arange(11)[:, None] - np.arange(11)[None, :]) <= window  # written out from Eq. (10.9)
+    numerator = near * np.exp(q @ k.swapaxes(-1, -2) / 2) + np.exp(log_scale) * (phi_q @ phi_k.swapaxes(-1, -2))
+    numerator = numerator * mask[..., None, :]
+    np.testing.assert_allclose(got, numerator / numerator.sum(-1, keepdims=True), rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize("n, window", [(11, 0), (11, 3), (70, 1), (70, 40), (64, 5)])
+def test_window_attention_is_its_weights_times_v_without_forming_them(tree, rng, n, window):
+    # n = 70 is not a whole number of the torch form's 32-query blocks; window 40 spans several blocks
+    q, k, v, phi_q, phi_k, log_scale = _window_case(rng, n=n)
+    mask = padding_mask([n, n - 4], n)[:, None, :]  # (b, 1, s)
+    args = dict(window=window, log_scale=tree.array(log_scale), key_mask=tree.array(mask))
+    weights = tree.numpy(tree.feature_maps.window_linear_weights(*tree.arrays(q, k, phi_q, phi_k), **args))
+    got = tree.numpy(tree.feature_maps.window_linear_attention(*tree.arrays(q, k, v, phi_q, phi_k), **args))
+    np.testing.assert_allclose(got, weights @ v, rtol=1e-10, atol=1e-12)
+
+
+def test_a_window_over_every_key_with_no_kernel_is_softmax_attention(tree, rng):
+    q, k, v, phi_q, phi_k, _ = _window_case(rng)
+    got = tree.numpy(tree.feature_maps.window_linear_attention(*tree.arrays(q, k, v, phi_q, phi_k), window=10,
+                                                               log_scale=-200.0))  # γ = e^-200: no kernel left
+    expected = tree.numpy(tree.full.softmax_attention(*tree.arrays(q, k, v)))
+    np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_window_attention_stays_finite_where_the_exponentials_overflow(rng):
+    # scores of several hundred and a large γ: exp() of either overflows float32; the row shift keeps it finite
+    q, k, v, phi_q, phi_k, _ = (torch.from_numpy(x).float() for x in _window_case(rng))
+    out = torch_fm.window_linear_attention(q * 30, k * 30, v, phi_q, phi_k, window=2, log_scale=150.0)
+    assert torch.isfinite(out).all()
+    reference = np_fm.window_linear_attention(*(x.double().numpy() for x in (q * 30, k * 30, v, phi_q, phi_k)),
+                                              window=2, log_scale=150.0)
+    np.testing.assert_allclose(out.numpy(), reference, rtol=1e-4, atol=1e-4)
+
+
+def test_window_attention_in_half_precision_sums_in_float32(rng):
+    q, k, v, phi_q, phi_k, log_scale = (torch.from_numpy(x) for x in _window_case(rng))
+    args = dict(window=2, log_scale=log_scale.half())
+    half = torch_fm.window_linear_attention(*(x.half() for x in (q, k, v, phi_q, phi_k)), **args)
+    assert half.dtype == torch.float16
+    full = torch_fm.window_linear_attention(q, k, v, phi_q, phi_k, window=2, log_scale=log_scale)
+    torch.testing.assert_close(half.double(), full, rtol=0.02, atol=0.02)  # float16 inputs: ~3 decimal digits
+
+
+def test_window_attention_has_the_gradient_of_its_definition():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 6, 3, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    phi_q, phi_k = (torch.rand(1, 2, 6, 4, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    log_scale = torch.zeros(2, 1, 1, dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[[True] * 5 + [False]]])
+    assert torch.autograd.gradcheck(lambda *a: torch_fm.window_linear_attention(*a[:5], window=1, log_scale=a[5],
+                                                                                key_mask=mask),
+                                    (q, k, v, phi_q, phi_k, log_scale))
+
+
+def test_window_functions_refuse_bad_input(tree, rng):
+    q, k, v, phi_q, phi_k, _ = _window_case(rng)
+    with pytest.raises(ValueError, match="window must be an int >= 0"):
+        tree.feature_maps.window_linear_attention(*tree.arrays(q, k, v, phi_q, phi_k), window=-1)
+    with pytest.raises(ValueError, match="window must be an int >= 0"):
+        tree.feature_maps.window_linear_weights(*tree.arrays(q, k, phi_q, phi_k), window=1.5)
+    with pytest.raises(ValueError, match="q and k need as many positions"):
+        tree.feature_maps.window_linear_weights(*tree.arrays(q[..., :5, :], k, phi_q[..., :5, :], phi_k), window=1)
+    with pytest.raises(ValueError, match="phi_q and phi_k must be the features of q and k"):
+        tree.feature_maps.window_linear_weights(*tree.arrays(q, k, phi_q[..., :5, :], phi_k), window=1)
+    with pytest.raises(ValueError, match="non-negative"):
+        tree.feature_maps.window_linear_attention(*tree.arrays(q, k, v, -phi_q, phi_k), window=1)
+
+
 # --- the trainable modules -----------------------------------------------------------------------
 
 def test_hedgehog_module_starts_at_the_identity_and_trains(rng):

@@ -153,3 +153,75 @@ def attention_cross_entropy(weights, approx, *, key_mask=None, eps=1e-12):
         return float(per_row.mean())
     rows = np.broadcast_to(np.asarray(key_mask), per_row.shape)  # (..., n): n = s, a query is a token
     return float(per_row[rows].mean())
+
+
+def _window_logits(q, k, phi_q, phi_k, window, log_scale):
+    """ln of each weight's numerator in Eq. (10.9), ``(..., n, s)``: ln(near · e^score + γ phi(q)·phi(k))."""
+    n, s = q.shape[-2], k.shape[-2]
+    near = np.abs(np.arange(n)[:, None] - np.arange(s)[None, :]) <= window  # (n, s): the exact band
+    scores = np.einsum("...nd,...sd->...ns", q, k) / np.sqrt(q.shape[-1])  # (..., n, s)
+    with np.errstate(divide="ignore"):  # a kernel value of exactly 0 (T2R) is ln 0 = -inf: no weight
+        linear = log_scale + np.log(np.einsum("...nf,...sf->...ns", phi_q, phi_k))  # (..., n, s)
+    return np.logaddexp(np.where(near, scores, -np.inf), linear)  # (..., n, s)
+
+
+def _check_window(q, k, phi_q, phi_k, window):
+    _check(q, k, None, None)
+    if q.shape[-2] != k.shape[-2]:
+        raise ValueError(f"the window pairs query i with key i: q and k need as many positions, got q "
+                         f"{q.shape} and k {k.shape}.")
+    if phi_q.shape[-2] != q.shape[-2] or phi_k.shape[-2] != k.shape[-2]:
+        raise ValueError(f"phi_q and phi_k must be the features of q and k, one row per position: got phi_q "
+                         f"{phi_q.shape} for q {q.shape}, phi_k {phi_k.shape} for k {k.shape}.")
+    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 0:
+        raise ValueError(f"window must be an int >= 0 (keys within that many positions of the query), got {window!r}.")
+    if (phi_q < 0).any() or (phi_k < 0).any():
+        raise ValueError("phi_q and phi_k must be non-negative features: a signed kernel is no weight.")
+
+
+def window_linear_weights(q, k, phi_q, phi_k, *, window, log_scale=0.0, key_mask=None):
+    """Softmax on a sliding window plus linear attention, one normaliser: the n × s weights. Notebook 10, Eq. (10.9).
+
+    A_ij ∝ [|i - j| ≤ window] · exp(q_i·k_j/√d) + γ · phi(q_i)·phi(k_j), with γ = exp(log_scale);
+    each row sums to 1 over the real keys.  The keys near the query get softmax's own weight
+    (plus the kernel's, which is small beside it), every key gets the learned kernel's: the
+    sliding window and linear attention of Zhang et al. 2025 (LoLCATs, arXiv 2410.10254, §3.1),
+    here for an encoder (keys on both sides of the query).
+
+    Args:
+        q: ``(..., n, d)``; k: ``(..., n, d)`` (self-attention: query i sits at key i).
+        phi_q, phi_k: the feature-map outputs of q and k, ``(..., n, f)``, non-negative.
+        window: w ≥ 0: keys within w positions of the query are exact (2w + 1 of them).
+        log_scale: ln γ, a float or an array broadcasting to ``(..., 1, 1)`` (one per head).
+        key_mask: boolean ``(..., n)``, True where the key is a real token.
+
+    Returns:
+        ``(..., n, n)``; padded keys get weight 0.
+    """
+    q, k, phi_q, phi_k = (np.asarray(a) for a in (q, k, phi_q, phi_k))
+    _check_window(q, k, phi_q, phi_k, window)
+    logits = _window_logits(q, k, phi_q, phi_k, window, np.asarray(log_scale))  # (..., n, s)
+    if key_mask is not None:
+        _check(q, k, None, key_mask)
+        logits = np.where(np.asarray(key_mask)[..., None, :], logits, -np.inf)  # padded keys weigh nothing
+    logits = logits - logits.max(axis=-1, keepdims=True)  # one shift per row: the ratios are unchanged
+    weights = np.exp(logits)
+    return weights / weights.sum(axis=-1, keepdims=True)  # (..., n, s)
+
+
+def window_linear_attention(q, k, v, phi_q, phi_k, *, window, log_scale=0.0, key_mask=None):
+    """Sliding-window softmax plus linear attention: Eq. (10.9)'s weights times v. Notebook 10, Section 10.5.
+
+    The reference: it forms the n × n weights.  ``course_lib.torch.feature_maps`` computes the
+    same in O(n·(w + f)·e), never forming them.
+
+    Args:
+        q, k, phi_q, phi_k, window, log_scale, key_mask: as for ``window_linear_weights``.
+        v: ``(..., n, e)``.
+
+    Returns:
+        ``(..., n, e)``.
+    """
+    _check(np.asarray(q), np.asarray(k), np.asarray(v), None)
+    weights = window_linear_weights(q, k, phi_q, phi_k, window=window, log_scale=log_scale, key_mask=key_mask)
+    return weights @ np.asarray(v)  # (..., n, e)

@@ -121,6 +121,122 @@ def attention_cross_entropy(weights, approx, *, key_mask=None, eps=1e-12):
     return per_row[rows].mean()
 
 
+
+def _window_logits(q, k, phi_q, phi_k, window, log_scale, positions=None, floor=0.0):
+    """ln of each weight's numerator in Eq. (10.9), ``(..., n, s)``: ln(near · e^score + γ phi(q)·phi(k)).
+
+    ``positions`` ``(n,)``: where the n queries sit among the s keys (default 0 ... n - 1; a
+    subset of rows for stage 1's loss); ``floor`` is added to the kernel before its log.
+    """
+    s = k.shape[-2]
+    positions = torch.arange(q.shape[-2], device=q.device) if positions is None else positions  # (n,)
+    near = (positions[:, None] - torch.arange(s, device=q.device)[None, :]).abs() <= window  # (n, s): the band
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # "...nd,...sd->...ns" (..., n, s)
+    linear = log_scale + (phi_q @ phi_k.transpose(-1, -2) + floor).log()  # (..., n, s); ln 0 = -inf: no weight
+    return torch.logaddexp(scores.masked_fill(~near, -torch.inf), linear)  # (..., n, s)
+
+
+def _check_window(q, k, phi_q, phi_k, window):
+    _check(q, k, None, None)
+    if q.shape[-2] != k.shape[-2]:
+        raise ValueError(f"the window pairs query i with key i: q and k need as many positions, got q "
+                         f"{tuple(q.shape)} and k {tuple(k.shape)}.")
+    if phi_q.shape[-2] != q.shape[-2] or phi_k.shape[-2] != k.shape[-2]:
+        raise ValueError(f"phi_q and phi_k must be the features of q and k, one row per position: got phi_q "
+                         f"{tuple(phi_q.shape)} for q {tuple(q.shape)}, phi_k {tuple(phi_k.shape)} for k "
+                         f"{tuple(k.shape)}.")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise ValueError(f"window must be an int >= 0 (keys within that many positions of the query), got {window!r}.")
+    if phi_q.min() < 0 or phi_k.min() < 0:
+        raise ValueError("phi_q and phi_k must be non-negative features: a signed kernel is no weight.")
+
+
+def window_linear_weights(q, k, phi_q, phi_k, *, window, log_scale=0.0, key_mask=None):
+    """Softmax on a sliding window plus linear attention, one normaliser: the n × s weights. Notebook 10, Eq. (10.9).
+
+    Zhang et al. 2025 (LoLCATs, arXiv 2410.10254, §3.1), for an encoder.  Forms the n × n
+    weights (for distillation and heatmaps); ``window_linear_attention`` never does.
+
+    Args:
+        q, k: ``(..., n, d)``; phi_q, phi_k: their features ``(..., n, f)``, non-negative.
+        window: w ≥ 0: keys within w positions of the query are exact.
+        log_scale: ln γ, a float or a tensor broadcasting to ``(..., 1, 1)`` (one per head).
+        key_mask: boolean ``(..., n)``, True where the key is a real token.
+
+    Returns:
+        ``(..., n, n)``, rows summing to 1 over the real keys; padded keys get weight 0.
+    """
+    _check_window(q, k, phi_q, phi_k, window)
+    logits = _window_logits(q, k, phi_q, phi_k, window, log_scale)  # (..., n, s)
+    if key_mask is not None:
+        _check(q, k, None, key_mask)
+        logits = logits.masked_fill(~key_mask.unsqueeze(-2), -torch.inf)  # padded keys weigh nothing
+    return torch.softmax(logits, dim=-1)  # (..., n, s)
+
+
+def _blocks(x, window, block, fill):
+    """``x (..., n, c)`` cut into blocks of ``block`` rows, each with the ``window`` rows on either side.
+
+    Returns a view ``(..., n_blocks, block + 2w, c)`` (``fill`` beyond the ends), block i holding
+    rows i·block - w ... (i + 1)·block + w - 1: every key that a query of block i can see.
+    """
+    n_blocks = -(-x.shape[-2] // block)
+    right = n_blocks * block - x.shape[-2] + window  # up to a whole number of blocks, then the window
+    padded = torch.nn.functional.pad(x, (0, 0, window, right), value=fill)  # (..., n_blocks·block + 2w, c)
+    return padded.unfold(-2, block + 2 * window, block).transpose(-1, -2)  # (..., n_blocks, block + 2w, c)
+
+
+def window_linear_attention(q, k, v, phi_q, phi_k, *, window, log_scale=0.0, key_mask=None):
+    """Sliding-window softmax plus linear attention in O(n·(w + f)·e): Eq. (10.9) times v. Notebook 10, Section 10.5.
+
+    No n × n matrix: the band is computed block by block (each block of queries against the
+    keys it can reach, ``(block, block + 2w)`` scores; block = max(32, 2w) so that each product
+    is a small matrix multiply), the rest is linear attention's phi(q) (phi(k)ᵀ v).  One shift
+    per row keeps the exponentials finite: the larger of the band's largest score and
+    ln(γ phi(q)·Σ phi(k)); it divides the numerator and the normaliser alike, so it cancels.
+
+    Args:
+        q, k, v, phi_q, phi_k, window, log_scale, key_mask: as for ``window_linear_weights``;
+            v is ``(..., n, e)``.
+
+    Returns:
+        ``(..., n, e)`` in the dtype of ``v`` (sums in float32 for half precision).
+    """
+    _check(q, k, v, key_mask)
+    _check_window(q, k, phi_q, phi_k, window)
+    dtype, n = v.dtype, q.shape[-2]
+    q, k, v, phi_q, phi_k = (x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+                             for x in (q, k, v, phi_q, phi_k))
+    real = torch.ones(k.shape[:-1], dtype=torch.bool, device=k.device) if key_mask is None else key_mask  # (..., s)
+    phi_k = phi_k.masked_fill(~real[..., :, None], 0.0)  # padded keys add nothing
+    v = v.masked_fill(~real[..., :, None], 0.0)
+    # linear attention over every key
+    kv_state = phi_k.transpose(-1, -2) @ v  # "...sf,...se->...fe" (..., f, e)
+    linear_num = phi_q @ kv_state  # (..., n, e)
+    linear_den = (phi_q @ phi_k.sum(dim=-2).unsqueeze(-1)).squeeze(-1)  # (..., n)
+    log_scale = torch.as_tensor(log_scale, dtype=q.dtype, device=q.device)
+    row_log_scale = log_scale.squeeze(-1) if log_scale.dim() else log_scale  # (..., 1): broadcasts over rows
+    # the band, block by block
+    block = max(32, 2 * window)
+    n_blocks = -(-n // block)
+    q_blocks = torch.nn.functional.pad(q, (0, 0, 0, n_blocks * block - n)).unflatten(-2, (n_blocks, block))
+    scores = q_blocks @ _blocks(k, window, block, 0.0).transpose(-1, -2) / math.sqrt(q.shape[-1])  # (..., nb, c, c+2w)
+    offset = torch.arange(block + 2 * window, device=q.device)[None, :] - torch.arange(block, device=q.device)[:, None]
+    reachable = (offset >= 0) & (offset <= 2 * window)  # (c, c + 2w): key within w of the query
+    key_real = _blocks(real[..., :, None], window, block, False)[..., 0]  # (..., nb, c + 2w)
+    scores = scores.masked_fill(~(reachable & key_real[..., None, :]), -torch.inf)  # (..., nb, c, c + 2w)
+    log_linear = row_log_scale + linear_den.log()  # (..., n)
+    log_linear = torch.nn.functional.pad(log_linear, (0, n_blocks * block - n)).unflatten(-1, (n_blocks, block))
+    shift = torch.maximum(scores.amax(dim=-1), log_linear).detach()  # (..., nb, c): cancels
+    shift = shift.masked_fill(~shift.isfinite(), 0.0)  # a row with no real key at all: nothing to shift
+    band = (scores - shift.unsqueeze(-1)).exp()  # (..., nb, c, c + 2w)
+    band_num = (band @ _blocks(v, window, block, 0.0)).flatten(-3, -2)[..., :n, :]  # (..., n, e)
+    band_den = band.sum(dim=-1).flatten(-2)[..., :n]  # (..., n)
+    gamma = (row_log_scale - shift.flatten(-2)[..., :n]).exp()  # (..., n): γ e^(-shift), at most 1 / linear_den
+    numerator = band_num + gamma.unsqueeze(-1) * linear_num  # (..., n, e)
+    normaliser = band_den + gamma * linear_den  # (..., n)
+    return (numerator / normaliser.unsqueeze(-1)).to(dtype)  # (..., n, e)
+
 class HedgehogFeatureMap(nn.Module):
     """A trainable Hedgehog map per head, W started at the identity. Notebook 10, Eq. (10.3); Zhang et al. 2024.
 
