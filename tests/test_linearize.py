@@ -74,6 +74,44 @@ def test_learned_linear_attention_is_its_explicit_weights_times_v():
     torch.testing.assert_close(kernel(x, key_mask=mask[:, 0]), expected)
 
 
+@pytest.mark.parametrize("method", ["hedgehog", "t2r"])
+def test_a_windowed_kernel_is_its_weights_times_v_and_its_loss_their_cross_entropy(method):
+    # as above, the two forms of the loss agree for positive features (Hedgehog); a relu map's zero
+    # weights outside the band meet the log's floor differently, so T2R is held to a finite loss
+    kernel = _layer(method, window=1)
+    with torch.no_grad():
+        kernel.log_scale.copy_(torch.tensor([0.5, -1.0, 2.0]).reshape(3, 1, 1))  # one γ per head
+    q, k, v = _qkv()
+    mask = _mask([7, 5], 7)
+    weights = kernel.weights(q, k, key_mask=mask)
+    torch.testing.assert_close(kernel.attend(q, k, v, mask), weights @ v)
+    if method == "t2r":
+        assert torch.isfinite(kernel.stage1_loss(q, k, v, mask))
+        return
+    expected = attention_cross_entropy(attention_weights(q, k, key_mask=mask), weights, key_mask=mask)
+    torch.testing.assert_close(kernel.stage1_loss(q, k, v, mask), expected, rtol=1e-6, atol=1e-9)
+    rows = torch.tensor([0, 3, 6])  # rows near both ends and in the middle: the band is placed by position
+    per_row = -(attention_weights(q, k, key_mask=mask) * (weights + 1e-12).log()).sum(-1)
+    torch.testing.assert_close(kernel.stage1_loss(q, k, v, mask, rows), per_row[..., rows][mask[..., rows].expand(
+        2, 3, 3)].mean(), rtol=1e-6, atol=1e-9)
+
+
+def test_start_scale_gives_the_kernel_softmaxs_weight_outside_the_window():
+    kernel = _layer("hedgehog", window=1)
+    q, k, _ = _qkv(n=9)
+    mask = _mask([9, 6], 9)
+    kernel.start_scale(q, k, mask)
+    far = (torch.arange(9)[:, None] - torch.arange(9)[None, :]).abs() > 1
+    far = far & mask[..., None, :]  # (b, 1, n, s)
+    scores = (q @ k.transpose(-1, -2) / 2).masked_fill(~far, -torch.inf).logsumexp(-1)  # ln softmax's mass there
+    phi_q, phi_k = kernel.features(q, k)
+    linear = (phi_q @ phi_k.transpose(-1, -2)).log().masked_fill(~far, -torch.inf).logsumexp(-1)
+    gap = scores - linear - kernel.log_scale[..., 0]  # (b, h, n): 0 on average over real rows, head by head
+    for head in range(3):
+        assert abs(gap[:, head][mask[:, 0]].mean()) < 1e-9
+    assert _layer("hedgehog").start_scale(q, k, mask) is None  # without a window there is no γ to set
+
+
 def test_learned_linformer_starts_at_mean_pooling_and_its_loss_is_lesson_04s():
     kernel = _layer("linformer", k_proj=2, n_max=7)
     torch.testing.assert_close(kernel.E, kernels.mean_pooling(2, 7, dtype=torch.float64))
@@ -134,6 +172,10 @@ def test_linearize_refuses_bad_arguments(model):
         linearize.linearize(model, rank=-1)
     with pytest.raises(ValueError, match="adapt must list distinct names from 'q'"):
         linearize.linearize(model, rank=2, adapt=("q", "mlp"))
+    with pytest.raises(ValueError, match="window is for the feature-map methods"):
+        linearize.linearize(model, "linformer", window=4)
+    with pytest.raises(ValueError, match="window must be None or an int >= 0"):
+        linearize.linearize(model, "hedgehog", window=-2)
 
 
 def test_adapters_anywhere_change_nothing_before_training_and_are_all_that_trains_besides_the_maps(model):
@@ -177,6 +219,14 @@ def test_stage1_lowers_its_loss_and_trains_only_the_kernels(model, tiny):
     assert losses.shape == (15, 6) and (losses[-1] < losses[0]).all()
     assert set(run["checkpoints"]) == {0, 15}
     assert all(torch.equal(p, frozen[n]) for n, p in student.named_parameters() if n in frozen)
+
+
+def test_stage1_with_a_window_sets_gamma_first_and_lowers_its_loss(model, tiny):
+    student = linearize.linearize(model, "hedgehog", window=2)
+    run = linearize.distill_attention(student, model, *tiny, steps=10, lr=3e-2, batch_size=2, rows=None)
+    assert (student.layers[0].attention.log_scale.abs() > 0.5).all()  # set from data: γ = 1 would starve the kernel
+    losses = np.array(run["losses"])
+    assert (losses[-1] < losses[0]).all()
 
 
 def test_stage2_lowers_its_loss(model, tiny):
@@ -281,23 +331,27 @@ def test_load_linearized_and_encode_refuse_bad_input():
             student.encode(bad)
 
 
-def test_the_stored_hedgehog_reproduces_its_stored_heldout_cosines(model, results, heldout_texts):
-    row = next(r for r in results["rows"] if r["name"] == "Hedgehog, stages 1 + 2")
+@pytest.mark.parametrize("name, row_name", [("hedgehog", "Hedgehog, stages 1 + 2"),
+                                            ("hedgehog_window", "Hedgehog + window (w = 4), stages 1 + 2")])
+def test_the_stored_hedgehog_reproduces_its_stored_heldout_cosines(model, results, heldout_texts, name, row_name):
+    row = next(r for r in results["rows"] if r["name"] == row_name)
     texts = heldout_texts[:4]
     exact = swap_in.embeddings(model, texts)
-    got = np.einsum("td,td->t", swap_in.embeddings(linearize.load_linearized("hedgehog"), texts), exact)
+    got = np.einsum("td,td->t", swap_in.embeddings(linearize.load_linearized(name), texts), exact)
     np.testing.assert_allclose(got, row["cosines"][:4], atol=2e-3)  # float32 sums in another order
 
 
 def test_results_cover_every_row_of_the_table_on_heldout_passages(results):
     names = [r["name"] for r in results["rows"]]
     for needed in ("exact", "uniform attention", "elu+1", "FAVOR+", "Linformer (k = 64), mean pooling", "T2R",
-                   "Hedgehog, stage 1", "Hedgehog, stages 1 + 2", "E, F learned + end to end"):
+                   "Hedgehog, stage 1", "Hedgehog, stages 1 + 2", "Hedgehog + window (w = 4), stage 1",
+                   "Hedgehog + window (w = 4), stages 1 + 2", "E, F learned + end to end"):
         assert any(needed in name for name in names), needed
     train, heldout = passage_split(results["train_passages"], results["heldout_passages"])
     assert not set(train) & set(heldout)
     for row in results["rows"]:
         assert -1 <= row["control"] <= 1 and row["cosine"] <= 1.0 + 1e-9 and 0 <= row["retrieval"] <= 1
+        assert 0 <= row["retrieval_control"] <= 1 and row["half_cosine"] <= 1.0 + 1e-9
         if row["training"] != "none":  # a trained variant keeps each passage's own direction
             assert row["cosine"] - row["control"] > 0.3 and row["identification"] > 0.9
 

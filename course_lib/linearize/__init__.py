@@ -3,7 +3,8 @@
 Implements notebook 10.  The pieces, one concern a file:
 
     kernels.py    trainable attention layers (learned feature maps, learned Linformer E, F), low-rank
-                  adapters, and ``linearize(model, method)``: MiniLM with one in every layer
+                  adapters, a sliding window beside a learned map, and ``linearize(model, method)``:
+                  MiniLM with one in every layer
     distill.py    stage 1 (attention distillation per layer) and stage 2 (end to end)
     evaluate.py   held-out scores against the exact model; entropy and monotonicity of rows
 
@@ -60,6 +61,8 @@ __all__ = ["ADAPTABLE", "METHODS", "NAMES", "LearnedLinearAttention", "LearnedLi
 NAMES = {
     "hedgehog": "Hedgehog feature maps after stage 1 (attention distillation) and stage 2 (end to end)",
     "hedgehog_stage1": "Hedgehog feature maps after stage 1 only",
+    "hedgehog_window": "Hedgehog feature maps beside a sliding window of exact keys (Eq. 10.9), after both stages",
+    "hedgehog_window_stage1": "Hedgehog feature maps beside a sliding window of exact keys, after stage 1 only",
     "t2r": "T2R relu feature maps, swapped in and trained end to end",
     "linformer": "Linformer with E, F learned for every layer, then trained end to end",
 }
@@ -85,11 +88,11 @@ def load_trained(model, state):
 
 
 def load_linearized(name="hedgehog", *, device="cpu"):
-    """MiniLM with the stored trained kernels in every layer. Notebook 10, Section 10.5.
+    """MiniLM with the stored trained kernels in every layer. Notebook 10, Section 10.6.
 
     Args:
-        name: one of ``NAMES``: ``"hedgehog"`` (both stages), ``"hedgehog_stage1"``, ``"t2r"``,
-            ``"linformer"``.
+        name: one of ``NAMES``: ``"hedgehog"`` (both stages), ``"hedgehog_stage1"``,
+            ``"hedgehog_window"``, ``"hedgehog_window_stage1"``, ``"t2r"``, ``"linformer"``.
         device: torch device.
 
     Returns:

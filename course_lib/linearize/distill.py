@@ -8,7 +8,7 @@ Implements notebook 10, Sections 10.3 and 10.4.
   from softmax's P to the kernel's weights (Eq. 10.6); for Linformer, lesson 04's relative
   error of the attention output (Eq. 4.6).
 * Stage 2, output distillation: the linearized model runs end to end and its final hidden
-  states are pulled towards the exact model's (Eq. 10.7); now each layer also learns to undo
+  states are pulled towards the exact model's (Eq. 10.8); now each layer also learns to undo
   the errors of the layers below it.
 
 Only the kernels (and low-rank adapters, if any) train; every pretrained weight stays frozen.
@@ -63,7 +63,9 @@ def distill_attention(student, teacher, token_ids, key_mask, *, steps=200, lr=1e
     """Stage 1: each layer's kernel learns to reproduce its layer's softmax attention. Notebook 10, Eq. (10.6).
 
     The layers' losses are summed and minimised by one Adam; their parameters are disjoint, so
-    this is the same as training each layer on its own with the same minibatches.
+    this is the same as training each layer on its own with the same minibatches.  A layer with
+    a sliding window (Eq. 10.9) first sets its γ from the first ``batch_size`` texts
+    (``LearnedLinearAttention.start_scale``).
 
     Args:
         student: a model from ``linearize`` (its maps or E, F train; adapters, if any, do not).
@@ -85,6 +87,9 @@ def distill_attention(student, teacher, token_ids, key_mask, *, steps=200, lr=1e
     start = time.perf_counter()
     inputs = layer_inputs(teacher, token_ids, key_mask)
     kernels = [layer.attention for layer in student.layers]
+    for kernel, (q, k, _) in zip(kernels, inputs, strict=True):
+        if getattr(kernel, "window", None) is not None:  # γ of Eq. (10.9) from the first texts, before any step
+            kernel.start_scale(q[:batch_size], k[:batch_size], key_mask[:batch_size, None, :])
     adapters = {id(p) for kernel in kernels for m in kernel.modules() if isinstance(m, LowRankAdapter)
                 for p in m.parameters()}  # stage 1 feeds the exact q, k, v: adapters play no part
     parameters = [p for kernel in kernels for p in kernel.parameters() if p.requires_grad and id(p) not in adapters]
@@ -112,12 +117,12 @@ def distill_attention(student, teacher, token_ids, key_mask, *, steps=200, lr=1e
 
 
 def output_loss(hidden, target, key_mask, *, embedding_weight=1.0):
-    """Stage 2's loss: relative squared error of the final hidden states plus 1 − cos of the embeddings. Eq. (10.7).
+    """Stage 2's loss: relative squared error of the final hidden states plus 1 − cos of the embeddings. Eq. (10.8).
 
     Args:
         hidden: the student's final hidden states ``(b, n, d_model)``; target: the exact model's.
         key_mask: ``(b, n)``, True on real tokens (padded positions count for nothing).
-        embedding_weight: the weight of the embedding term (λ in Eq. 10.7).
+        embedding_weight: the weight of the embedding term (λ in Eq. 10.8).
 
     Returns:
         A 0-dim tensor.
@@ -152,7 +157,7 @@ def _learning_rate(step, steps, schedule):
 
 def distill_outputs(student, teacher, token_ids, key_mask, *, steps=100, lr=3e-3, batch_size=4, embedding_weight=1.0,
                     layer_weight=0.0, schedule="constant", seed=0, checkpoints=(), log_every=0):
-    """Stage 2: the whole linearized model learns the exact model's outputs. Notebook 10, Eq. (10.7).
+    """Stage 2: the whole linearized model learns the exact model's outputs. Notebook 10, Eq. (10.8).
 
     With ``layer_weight`` > 0 the hidden states after every layer, not only the last, are pulled
     towards the exact model's (relative squared error per layer, the mean over the layers below
@@ -164,13 +169,13 @@ def distill_outputs(student, teacher, token_ids, key_mask, *, steps=100, lr=3e-3
         teacher: the exact ``MiniLM``; its hidden states are the targets.
         token_ids, key_mask: ``(b, n)`` training texts.
         steps, lr, batch_size, seed, checkpoints, log_every: as in ``distill_attention``.
-        embedding_weight: λ of Eq. (10.7), the weight of the sentence-embedding term.
+        embedding_weight: λ of Eq. (10.8), the weight of the sentence-embedding term.
         layer_weight: the weight of the intermediate layers' term (0: the final hidden states only).
         schedule: ``"constant"`` learning rate or ``"cosine"`` decay from ``lr`` to 0 over the steps.
 
     Returns:
-        A dict: ``losses`` (steps,) of Eq. (10.7) before each step, ``total_losses`` (steps,) of
-        what was minimised (Eq. 10.7 plus the layers' term), ``checkpoints``, ``seconds``.
+        A dict: ``losses`` (steps,) of Eq. (10.8) before each step, ``total_losses`` (steps,) of
+        what was minimised (Eq. 10.8 plus the layers' term), ``checkpoints``, ``seconds``.
     """
     check_minilm(student, "student")
     check_minilm(teacher, "teacher")

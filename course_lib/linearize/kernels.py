@@ -1,6 +1,6 @@
 """Trainable attention layers for MiniLM, and ``linearize``: MiniLM with one in every layer.
 
-Implements notebook 10, Sections 10.2-10.4.  The layers are the library's attention modules
+Implements notebook 10, Sections 10.2-10.5.  The layers are the library's attention modules
 (``course_lib.torch.modules``): ``LearnedLinearAttention`` is a ``LinearAttention`` with learned
 feature maps, ``LearnedLinformer`` a ``LinformerSelfAttention`` whose E, F start at mean pooling.
 ``from_attention(layer.attention, ...)`` copies a MiniLM layer's projections into one, so it
@@ -16,7 +16,14 @@ from torch import nn
 
 from course_lib.pretrained import MiniLM
 from course_lib.torch import linear
-from course_lib.torch.feature_maps import HedgehogFeatureMap, T2RFeatureMap, linear_attention_weights
+from course_lib.torch.feature_maps import (
+    HedgehogFeatureMap,
+    T2RFeatureMap,
+    _window_logits,
+    linear_attention_weights,
+    window_linear_attention,
+    window_linear_weights,
+)
 from course_lib.torch.full import attention_weights, softmax_attention
 from course_lib.torch.linformer import LinformerSelfAttention, mean_pooling
 from course_lib.torch.modules import LinearAttention
@@ -33,19 +40,28 @@ class LearnedLinearAttention(LinearAttention):
     """Linear attention with learned maps: ``feature_map`` for queries, ``key_map`` for keys. Notebook 10, Eq. (10.2).
 
     Non-causal (MiniLM is an encoder).  ``key_map=None`` uses ``feature_map`` for both (T2R).
+    With ``window`` = w, the keys within w positions of each query also get softmax's exact
+    weight, under one normaliser with the kernel scaled by a learned γ per head (Eq. 10.9;
+    LoLCATs): the cost stays linear in n, O(n·(w + f)·e).
 
     Args:
         d_model, n_heads: width and heads.
         feature_map: an ``nn.Module`` ``(b, h, n, d) → (b, h, n, f)`` with non-negative output.
         key_map: the keys' map, or None.
+        window: None (linear attention only) or an int w ≥ 0 (a sliding window of 2w + 1 exact keys).
         eps, bias, device, dtype: as for ``LinearAttention``.
     """
 
-    def __init__(self, d_model, n_heads, *, feature_map, key_map=None, eps=1e-6, bias=True, device=None,
+    def __init__(self, d_model, n_heads, *, feature_map, key_map=None, window=None, eps=1e-6, bias=True, device=None,
                  dtype=None):
         super().__init__(d_model, n_heads, feature_map=feature_map, eps=eps, bias=bias, device=device, dtype=dtype)
         self.key_map = key_map if key_map is None or (device is None and dtype is None) else key_map.to(
             device=device, dtype=dtype)  # a Module: registered, trained, saved
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 0):
+            raise ValueError(f"window must be None or an int >= 0, got {window!r}.")
+        self.window = window
+        if window is not None:  # ln γ per head; start_scale sets it from data before training
+            self.log_scale = nn.Parameter(torch.zeros(n_heads, 1, 1, device=device, dtype=dtype))  # (h, 1, 1)
 
     def features(self, q, k):
         """``(phi_q (b, h, n, f), phi_k (b, h, s, f))``, checked non-negative."""
@@ -55,38 +71,79 @@ class LearnedLinearAttention(LinearAttention):
 
     def attend(self, q, k, v, key_mask):
         phi_q, phi_k = self.features(q, k)
+        if self.window is not None:
+            return window_linear_attention(q, k, v, phi_q.to(q.dtype), phi_k.to(q.dtype), window=self.window,
+                                           log_scale=self.log_scale, key_mask=key_mask)  # (b, h, n, e)
         out = linear.linear_attention_from_features(phi_q, phi_k, v.to(phi_q.dtype), eps=self.eps, key_mask=key_mask)
         return out.to(v.dtype)  # (b, h, n, e)
 
     def weights(self, q, k, *, key_mask=None):
-        """The explicit n × s weights this layer applies (Eq. 10.2), ``(b, h, n, s)``, from q, k ``(b, h, n, d)``."""
+        """The explicit n × s weights this layer applies (Eq. 10.2 or 10.9), ``(b, h, n, s)``, from q, k."""
+        if self.window is not None:
+            return window_linear_weights(q, k, *self.features(q, k), window=self.window, log_scale=self.log_scale,
+                                         key_mask=key_mask)
         return linear_attention_weights(*self.features(q, k), key_mask=key_mask, eps=self.eps)
+
+    @torch.no_grad()
+    def start_scale(self, q, k, key_mask):
+        """Set γ (windowed layers only) so that the kernel carries softmax's weight outside the window, per head.
+
+        ln γ = mean over real query rows of ln Σ_{|i-j|>w} e^{q_i·k_j/√d} - ln Σ_{|i-j|>w} phi(q_i)·phi(k_j):
+        at γ = 1 a learned map's kernel (features in (0, 1)) is a few orders of magnitude below
+        softmax's e^score, and the band would take every row's weight.
+
+        Args:
+            q, k: the exact model's ``(b, h, n, d)``; key_mask: ``(b, 1, n)``.
+        """
+        if self.window is None:
+            return
+        n = q.shape[-2]
+        positions = torch.arange(n, device=q.device)
+        far = ((positions[:, None] - positions[None, :]).abs() > self.window) & key_mask[..., None, :]  # (b, 1, n, s)
+        scores = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(~far, -torch.inf)  # (b, h, n, s)
+        phi_q, phi_k = self.features(q, k)  # (b, h, n, f), (b, h, s, f)
+        kernel = (phi_q @ phi_k.transpose(-1, -2)).log().masked_fill(~far, -torch.inf)  # (b, h, n, s)
+        gap = scores.logsumexp(dim=-1) - kernel.logsumexp(dim=-1)  # (b, h, n)
+        rows = key_mask.expand(gap.shape)  # (b, h, n): real query rows (n = s)
+        self.log_scale.copy_(torch.stack([gap[:, head][rows[:, head]].mean() for head in range(gap.shape[1])])
+                             .reshape(self.log_scale.shape))
 
     def stage1_loss(self, q, k, v, key_mask, rows=None):
         """Hedgehog's attention distillation: cross-entropy from softmax's P to these weights (Eq. 10.6).
 
         Equal to ``attention_cross_entropy(P, self.weights(q, k))`` but cheaper: since each row of P
-        sums to 1, -Σ_j P_ij ln A_ij = ln(phi(q_i)·Σ_t phi(k_t) + eps) - Σ_j P_ij ln(phi(q_i)·phi(k_j)),
-        so the weights are never normalised.  ``rows`` (an index of query positions) scores a
-        random subset of the queries: an unbiased estimate of the mean over all rows.
+        sums to 1, -Σ_j P_ij ln A_ij = ln Σ_t a_it - Σ_j P_ij ln a_ij, with a_ij the numerator of
+        A_ij (phi(q_i)·phi(k_j), or Eq. 10.9's), so the weights are never normalised.  ``rows`` (an
+        index of query positions) scores a random subset of the queries: an unbiased estimate of
+        the mean over all rows.
 
         Args:
             q, k, v: the exact model's ``(b, h, n, d)`` for this layer; key_mask: ``(b, 1, s)``.
             rows: query positions to score, or None for all.
         """
+        positions = torch.arange(q.shape[-2], device=q.device) if rows is None else rows  # (r,)
         q, row_mask = _rows(q, key_mask, rows)  # (b, h, r, d), (b, 1, r)
         with torch.no_grad():
             target = attention_weights(q, k, key_mask=key_mask)  # (b, h, r, s)
         phi_q, phi_k = self.features(q, k)  # (b, h, r, f), (b, h, s, f)
-        phi_k = phi_k.masked_fill(~key_mask[..., :, None], 0.0)  # padded keys weigh nothing
-        log_normaliser = ((phi_q * phi_k.sum(dim=-2, keepdim=True)).sum(dim=-1) + self.eps).log()  # (b, h, r)
-        log_kernel = (phi_q @ phi_k.transpose(-1, -2) + 1e-12).log()  # "...rf,...sf->...rs" (b, h, r, s)
-        per_row = log_normaliser - (target * log_kernel).sum(dim=-1)  # (b, h, r)
+        if self.window is not None:  # the floor 1e-12 as below: a relu map's zero kernel values
+            log_numerator = _window_logits(q, k, phi_q, phi_k, self.window, self.log_scale, positions, 1e-12)
+            log_numerator = log_numerator.masked_fill(~key_mask[..., None, :], -torch.inf)  # (b, h, r, s): padded: none
+            log_normaliser = log_numerator.logsumexp(dim=-1)  # (b, h, r)
+            log_numerator = log_numerator.masked_fill(~key_mask[..., None, :], 0.0)  # P is 0 there: 0 · 0, not NaN
+        else:
+            phi_k = phi_k.masked_fill(~key_mask[..., :, None], 0.0)  # padded keys weigh nothing
+            log_normaliser = ((phi_q * phi_k.sum(dim=-2, keepdim=True)).sum(dim=-1) + self.eps).log()  # (b, h, r)
+            log_numerator = (phi_q @ phi_k.transpose(-1, -2) + 1e-12).log()  # "...rf,...sf->...rs" (b, h, r, s)
+        per_row = log_normaliser - (target * log_numerator).sum(dim=-1)  # (b, h, r)
         return per_row[row_mask.expand(per_row.shape)].mean()  # padded query rows are never read
+
+    def extra_repr(self):
+        return super().extra_repr() + ("" if self.window is None else f", window={self.window}")
 
 
 class LearnedLinformer(LinformerSelfAttention):
-    """Linformer with trainable E, F ``(k, max_len)`` shared by the heads, started at mean pooling. Notebook 10, §10.5.
+    """Linformer with trainable E, F ``(k, max_len)`` shared by the heads, started at mean pooling. Notebook 10, §10.4.
 
     A text of s ≤ max_len tokens uses the first s columns of E and F (``linformer_attention``).
     """
@@ -155,22 +212,27 @@ def check_minilm(model, name="model"):
                         f"{type(model).__name__}.")
 
 
-def linearized_layer(attention, method, *, n_features=None, k_proj=64, n_max=256, normalise=True, generator=None):
+def linearized_layer(attention, method, *, n_features=None, k_proj=64, n_max=256, normalise=True, window=None,
+                     generator=None):
     """A trainable layer for one MiniLM layer's ``attention``, its projections copied. Notebook 10, Section 10.3.
 
     ``"hedgehog"``: one map for queries and another for keys in every head (Zhang et al. 2024),
     f = d by default; ``"t2r"``: one map shared by queries and keys (Kasai et al. 2021), f = 2d by
-    default; ``"linformer"``: learned E, F ``(k_proj, n_max)``.
+    default; ``"linformer"``: learned E, F ``(k_proj, n_max)``.  ``window`` (feature maps only):
+    the sliding window of exact keys of Eq. (10.9), or None.
     """
     heads = attention.n_heads
     head_dim = attention.q_proj.weight.shape[0] // heads
     if method == "hedgehog":
         return LearnedLinearAttention.from_attention(
             attention, feature_map=HedgehogFeatureMap(heads, head_dim, n_features, normalise=normalise),
-            key_map=HedgehogFeatureMap(heads, head_dim, n_features, normalise=normalise))
+            key_map=HedgehogFeatureMap(heads, head_dim, n_features, normalise=normalise), window=window)
     if method == "t2r":
         return LearnedLinearAttention.from_attention(
-            attention, feature_map=T2RFeatureMap(heads, head_dim, n_features or 2 * head_dim, generator=generator))
+            attention, feature_map=T2RFeatureMap(heads, head_dim, n_features or 2 * head_dim, generator=generator),
+            window=window)
+    if window is not None:
+        raise ValueError(f"window is for the feature-map methods ('hedgehog', 't2r'), not {method!r}.")
     if method == "linformer":
         return LearnedLinformer.from_attention(attention, max_len=n_max, k=k_proj)
     raise ValueError(f"method must be one of {', '.join(map(repr, METHODS))}, got {method!r}.")
@@ -188,7 +250,7 @@ def _wrap(layer, path, rank, generator):
 
 
 def linearize(model, method="hedgehog", *, n_features=None, k_proj=64, n_max=256, rank=0, adapt=("q", "k", "v"),
-              normalise=True, seed=0):
+              normalise=True, window=None, seed=0):
     """A copy of MiniLM with a trainable ``method`` layer in every layer, the rest frozen. Notebook 10, Section 10.3.
 
     Args:
@@ -201,6 +263,8 @@ def linearize(model, method="hedgehog", *, n_features=None, k_proj=64, n_max=256
         adapt: where the adapters go: names from ``ADAPTABLE`` — ``"q", "k", "v", "out"`` (the
             attention's projections), ``"ffn_in", "ffn_out"`` (the feed-forward block's).
         normalise: Hedgehog's softmax form (Eq. 10.4, default) or the bare exponential (Eq. 10.3).
+        window: None, or w: the keys within w positions of each query also get softmax's exact
+            weight (Eq. 10.9, a sliding window beside the learned map; ``"hedgehog"``, ``"t2r"``).
         seed: seeds T2R's random W and the adapters' A.
 
     Returns:
@@ -217,14 +281,14 @@ def linearize(model, method="hedgehog", *, n_features=None, k_proj=64, n_max=256
     student.requires_grad_(False)
     for layer in student.layers:
         layer.attention = linearized_layer(layer.attention, method, n_features=n_features, k_proj=k_proj,
-                                           n_max=n_max, normalise=normalise, generator=generator)
+                                           n_max=n_max, normalise=normalise, window=window, generator=generator)
         for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
             getattr(layer.attention, name).requires_grad_(False)  # the pretrained projections stay as they are
         for site in adapt if rank else ():
             _wrap(layer, ADAPTABLE[site], rank, generator)
     student.attention_fn = None  # every layer has its own attention module
     student.linearized = {"method": method, "n_features": n_features, "k_proj": k_proj, "n_max": n_max,
-                          "rank": rank, "adapt": list(adapt), "normalise": normalise, "seed": seed}
+                          "rank": rank, "adapt": list(adapt), "normalise": normalise, "window": window, "seed": seed}
     return student.eval()
 
 
