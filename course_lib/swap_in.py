@@ -208,6 +208,42 @@ def retrieval_top1(queries, documents):
     return float(np.mean(similarity.argmax(axis=1) == np.arange(len(queries))))
 
 
+
+def _turned(embeddings, cosines, rng):
+    """Each unit row of ``embeddings`` turned by a random direction to cosine ``cosines[i]`` with itself."""
+    noise = rng.standard_normal(embeddings.shape)  # (t, d_model)
+    noise -= np.einsum("td,td->t", noise, embeddings)[:, None] * embeddings  # orthogonal to the row
+    noise /= np.linalg.norm(noise, axis=1, keepdims=True)
+    cosines = np.clip(np.asarray(cosines, np.float64), -1.0, 1.0)[:, None]  # (t, 1)
+    return cosines * embeddings + np.sqrt(1 - cosines**2) * noise  # unit rows at the given cosine
+
+
+def retrieval_noise_control(queries, documents, query_cosines, document_cosines, *, draws=200, seed=0):
+    """What ``retrieval_top1`` gives when exact embeddings are turned at random by a variant's own error. Notebook 10.
+
+    Each exact query and document embedding is turned in a random direction until its cosine
+    with itself is the variant's cosine for that text: an error of the same size with no
+    structure.  Split-half retrieval is decided by small margins (many texts' own half is
+    barely the nearest), so even such an error costs hits; a variant's retrieval is read
+    beside this control, not beside the exact model alone.
+
+    Args:
+        queries, documents: the exact model's unit embeddings ``(t, d_model)``.
+        query_cosines, document_cosines: ``(t,)``, a variant's cosine to the exact embedding of each.
+        draws: random turns averaged; seed: their generator's seed.
+
+    Returns:
+        ``(mean, sd)`` of the retrieval share over the draws.
+    """
+    queries, documents = np.asarray(queries, np.float64), np.asarray(documents, np.float64)
+    if queries.shape != documents.shape or not len(query_cosines) == len(document_cosines) == len(queries):
+        raise ValueError(f"queries and documents must both be (t, d_model) with t cosines each, got {queries.shape}, "
+                         f"{documents.shape}, {len(query_cosines)} and {len(document_cosines)} cosines.")
+    rng = np.random.default_rng(seed)
+    shares = [retrieval_top1(_turned(queries, query_cosines, rng), _turned(documents, document_cosines, rng))
+              for _ in range(draws)]
+    return float(np.mean(shares)), float(np.std(shares))
+
 def embedding_scores(swapped, exact):
     """How a variant's embeddings relate to the exact model's, with the controls. Notebooks 09 and 10.
 

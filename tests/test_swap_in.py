@@ -123,6 +123,30 @@ def test_retrieval_top1_counts_own_documents():
         swap_in.retrieval_top1(docs, docs[:3])
 
 
+def _unit(x):
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def test_retrieval_noise_control_is_the_exact_score_without_error_and_chance_at_right_angles():
+    rng = np.random.default_rng(7)  # not the control's own seed 0: its first turn would be a query itself
+    queries = _unit(rng.standard_normal((30, 16)))
+    documents = _unit(queries + 0.3 * rng.standard_normal((30, 16)))  # each near its own query, a few confusable
+    exact = swap_in.retrieval_top1(queries, documents)
+    ones = np.ones(30)
+    np.testing.assert_allclose(swap_in.retrieval_noise_control(queries, documents, ones, ones, draws=5), (exact, 0.0),
+                               atol=1e-12)  # no error: the exact score in every draw
+    mean, sd = swap_in.retrieval_noise_control(queries, documents, 0 * ones, 0 * ones, draws=100)
+    assert abs(mean - 1 / 30) < 3 * 0.033 / np.sqrt(100) + 0.02 and sd > 0  # orthogonal turns: chance, 1 / t
+    shares = [swap_in.retrieval_noise_control(queries, documents, c * ones, c * ones, draws=100)[0]
+              for c in (0.99, 0.9, 0.6)]
+    # a larger error costs more hits (26/30 without error; measured 0.85, 0.60, 0.13, each ± 0.01 over 100 draws)
+    assert abs(shares[0] - exact) < 0.05 and shares[0] > shares[1] + 0.1 > shares[2] + 0.2
+    again = swap_in.retrieval_noise_control(queries, documents, 0.9 * ones, 0.9 * ones, draws=100)
+    assert again[0] == shares[1]  # seeded: the same draws
+    with pytest.raises(ValueError, match="t cosines each"):
+        swap_in.retrieval_noise_control(queries, documents, ones[:5], ones)
+
+
 def test_split_halves():
     first, second = swap_in.split_halves(["one two three four five", "a b"])
     assert first == ["one two", "a"] and second == ["three four five", "b"]

@@ -1,6 +1,6 @@
 """What linearizing keeps: held-out scores of a model, and the shape of its attention rows.
 
-Implements notebook 10, Sections 10.1 and 10.5.  ``heldout_scores`` measures a MiniLM-like
+Implements notebook 10, Sections 10.1 and 10.6.  ``heldout_scores`` measures a MiniLM-like
 model against the exact one on texts it was not trained on: the embedding cosine with its
 controls (``course_lib.swap_in.embedding_scores``) and a retrieval score that needs no
 download (``swap_in.retrieval_top1`` on ``swap_in.split_halves``).  The attention helpers
@@ -22,7 +22,7 @@ VARIANTS = ("softmax", "elu+1", "FAVOR+", "learned")
 
 
 def heldout_scores(model, texts, exact, *, max_length=256, retrieval=True):
-    """How close ``model`` stays to the exact model on ``texts``. Notebook 10, Section 10.5.
+    """How close ``model`` stays to the exact model on ``texts``. Notebook 10, Section 10.6.
 
     Args:
         model: a MiniLM-like model (``swap_in.embeddings`` runs it).
@@ -33,8 +33,11 @@ def heldout_scores(model, texts, exact, *, max_length=256, retrieval=True):
 
     Returns:
         A dict: ``cosine``, ``control``, ``centred_cosine``, ``identification`` (see
-        ``swap_in.embedding_scores``), ``retrieval`` (top-1 share, first halves retrieving second
-        halves), ``retrieval_hits`` (how many), ``cosines`` (one per text).
+        ``swap_in.embedding_scores``), ``cosines`` (one per text); with ``retrieval``, also
+        ``retrieval`` (top-1 share, first halves retrieving second halves), ``retrieval_hits``
+        (how many), ``half_cosine`` (the mean cosine of the half-passage embeddings to the
+        exact model's) and ``retrieval_control`` (``swap_in.retrieval_noise_control`` at those
+        cosines: the exact model's retrieval under an unstructured error of the same size).
     """
     if isinstance(texts, str) or not texts or not all(isinstance(t, str) for t in texts):
         raise TypeError("texts must be a non-empty list of strings.")
@@ -48,17 +51,24 @@ def heldout_scores(model, texts, exact, *, max_length=256, retrieval=True):
                               for half in swap_in.split_halves(texts))
         scores["retrieval"] = swap_in.retrieval_top1(queries, documents)
         scores["retrieval_hits"] = round(scores["retrieval"] * len(texts))
+        query_cosines, document_cosines = (np.einsum("td,td->t", mine.astype(np.float64), theirs)
+                                           for mine, theirs in ((queries, exact["queries"]),
+                                                                (documents, exact["documents"])))
+        scores["half_cosine"] = float(np.concatenate([query_cosines, document_cosines]).mean())
+        scores["retrieval_control"] = swap_in.retrieval_noise_control(exact["queries"], exact["documents"],
+                                                                      query_cosines, document_cosines)[0]
     scores["cosines"] = np.einsum("td,td->t", embeddings.astype(np.float64), exact["embeddings"]).tolist()
     return scores
 
 
 def exact_reference(model, texts, *, max_length=256):
-    """The exact model's embeddings of ``texts`` and its own retrieval score: what ``heldout_scores`` compares to."""
+    """The exact model's embeddings of ``texts`` and of their halves, and its retrieval: ``heldout_scores``' input."""
     embeddings = swap_in.embeddings(model, texts, max_length=max_length)  # (t, d_model)
-    queries, documents = (swap_in.embeddings(model, half, max_length=max_length)
+    queries, documents = (swap_in.embeddings(model, half, max_length=max_length).astype(np.float64)
                           for half in swap_in.split_halves(texts))
     retrieval = swap_in.retrieval_top1(queries, documents)
-    return {"embeddings": embeddings, "retrieval": retrieval, "retrieval_hits": round(retrieval * len(texts))}
+    return {"embeddings": embeddings, "queries": queries, "documents": documents, "retrieval": retrieval,
+            "retrieval_hits": round(retrieval * len(texts))}
 
 
 def variant_weights(variant, q, k, *, key_mask=None, kernel=None, omega=None):

@@ -29,7 +29,7 @@ def weights_against_scores(scores, rows, *, title, height=400):
 
 
 def results_bars(rows, exact_retrieval, *, title, height=520):
-    """Held-out cosine (control as a marker) and retrieval top-1 for every row of the results table."""
+    """Held-out cosine and retrieval top-1 for every row of the results table, each control as a marker."""
     names = [r["name"] for r in rows]
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.03,
                         subplot_titles=("embedding cosine to the exact model", "retrieval top-1"))
@@ -40,6 +40,10 @@ def results_bars(rows, exact_retrieval, *, title, height=520):
                                                                          color="black")), row=1, col=1)
     fig.add_trace(go.Bar(x=viz.rounded([r["retrieval"] for r in rows], 3), y=names, orientation="h",
                          name="retrieval top-1", marker_color=viz.COLORS[2]), row=1, col=2)
+    if all("retrieval_control" in r for r in rows):  # the exact model under a random error of each row's size
+        fig.add_trace(go.Scatter(x=viz.rounded([r["retrieval_control"] for r in rows], 3), y=names, mode="markers",
+                                 name="control: exact, random error", marker=dict(symbol="line-ns-open", size=14,
+                                                                                   color="black")), row=1, col=2)
     fig.add_vline(x=float(viz.rounded(exact_retrieval, 3)), line_dash="dot", line_color="black", row=1, col=2)
     fig.update_yaxes(autorange="reversed")
     fig = viz.style(fig, title=title, height=height)
