@@ -97,7 +97,7 @@ def passage_split(n_train, n_heldout, min_tokens=256, tokenizer=None):
     same ``n_heldout`` always gives the same passages.
 
     Args:
-        n_train: training passages (0 to all but the held-out ones).
+        n_train: training passages (0 to all but the held-out ones; None: all of them).
         n_heldout: held-out passages (1 to ``HELDOUT_PASSAGES``).
         min_tokens: the least number of tokens per passage (2 to 512).
         tokenizer: as for ``english_passages``.
@@ -111,6 +111,7 @@ def passage_split(n_train, n_heldout, min_tokens=256, tokenizer=None):
         tokenizer = _default_tokenizer(load_tokenizer)
     passages = _passages(min_tokens, tokenizer)
     free = len(passages) - HELDOUT_PASSAGES
+    n_train = free if n_train is None else n_train
     if not 1 <= n_heldout <= HELDOUT_PASSAGES:
         raise ValueError(f"n_heldout must be between 1 and {HELDOUT_PASSAGES}, got {n_heldout}.")
     if not 0 <= n_train <= free:

@@ -61,6 +61,8 @@ def test_passage_split_never_overlaps(tokenizer):
     assert tasks.passage_split(3, 5, min_tokens=256, tokenizer=tokenizer)[1] == heldout[:5]
     everything = tasks.english_passages(len(tasks._passages(256, tokenizer)), min_tokens=256, tokenizer=tokenizer)
     assert heldout == everything[-tasks.HELDOUT_PASSAGES:]
+    every_other, _ = tasks.passage_split(None, 48, min_tokens=256, tokenizer=tokenizer)  # None: all but held out
+    assert every_other == everything[:-tasks.HELDOUT_PASSAGES]
 
 
 def test_passage_split_refuses_to_train_on_heldout(tokenizer):
