@@ -9,11 +9,13 @@ What it trains (independent parts, run by ``--jobs`` processes at once, one torc
 every stage's wall time and process CPU time are stored):
 
 1. Hedgehog (Zhang et al. 2024): maps with W = I at the start; stage 1 (attention distillation
-   per layer) with checkpoints for the notebook's training-steps widget, repeated with other
-   seeds (the spread) and with fewer features (the features widget); then stage 2 (end to end,
-   in its own process after the same seed-0 stage 1, checked equal to the stored one).
-2. T2R (Kasai et al. 2021): random relu maps swapped in, trained end to end (stage 2 only).
-3. Linformer: E, F learned for every layer (stage 1, lesson 04's loss), then trained end to end.
+   per layer) with checkpoints for the notebook's training-steps widget, then stage 2 (end to
+   end); stage 1 repeated with other seeds (the spread) and with fewer features (the features
+   widget).
+2. Hedgehog with a sliding window of exact keys beside the maps (Eq. 10.9; LoLCATs, Zhang et
+   al. 2025): stage 1, then stage 2.
+3. T2R (Kasai et al. 2021): random relu maps swapped in, trained end to end (stage 2 only).
+4. Linformer: E, F learned for every layer (stage 1, lesson 04's loss), then trained end to end.
 
 and it scores, on the same held-out passages, the exact model and the untrained swap-ins of
 lesson 09 (uniform attention, elu+1, FAVOR+, mean-pooling Linformer).
@@ -23,6 +25,7 @@ import argparse
 import copy
 import json
 import multiprocessing
+import os
 import pathlib
 import platform
 import sys
@@ -88,12 +91,14 @@ def heldout_attention_loss(student, teacher, token_ids, key_mask):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--train", type=int, default=64, help="training passages (from the corpus's start)")
+    parser.add_argument("--train", type=int, default=None,
+                        help="training passages from the corpus's start (default: all that are not held out)")
     parser.add_argument("--stage1-train", type=int, default=32, help="the first of them that stage 1 uses")
     parser.add_argument("--heldout", type=int, default=48, help="held-out passages (from the corpus's end)")
     parser.add_argument("--n", type=int, default=256, help="tokens per passage")
     parser.add_argument("--features", type=int, default=32, help="f of each Hedgehog map (2f features)")
-    parser.add_argument("--sweep", type=int, nargs="*", default=[8, 16], help="other f, stage 1 only")
+    parser.add_argument("--sweep", type=int, nargs="*", default=[16], help="other f, stage 1 only")
+    parser.add_argument("--window", type=int, default=4, help="w of the windowed Hedgehog: 2w + 1 exact keys")
     parser.add_argument("--t2r-features", type=int, default=64)
     parser.add_argument("--k", type=int, default=64, help="Linformer's projected length")
     parser.add_argument("--m", type=int, default=256, help="FAVOR+ random features (untrained row)")
@@ -105,16 +110,18 @@ def main(argv=None):
     parser.add_argument("--stage1-batch", type=int, default=8)
     parser.add_argument("--stage1-rows", type=int, default=32, help="query rows scored per text and step")
     parser.add_argument("--linformer-lr", type=float, default=3e-3, help="stage 1 for E, F (lesson 04's rate)")
-    parser.add_argument("--stage1-seeds", type=int, default=3, help="stage 1 runs (seeds of minibatch order)")
-    parser.add_argument("--stage2-steps", type=int, default=150)
+    parser.add_argument("--stage1-seeds", type=int, default=1,
+                        help="stage 1 runs (seeds of minibatch order); more than 1 adds about 100 CPU seconds each")
+    parser.add_argument("--stage2-steps", type=int, default=100)
     parser.add_argument("--stage2-lr", type=float, default=3e-3)
     parser.add_argument("--stage2-batch", type=int, default=4)
-    parser.add_argument("--stage2-embedding-weight", type=float, default=4.0, help="λ of Eq. (10.7)")
+    parser.add_argument("--stage2-embedding-weight", type=float, default=4.0, help="λ of Eq. (10.8)")
     parser.add_argument("--stage2-layer-weight", type=float, default=0.0,
                         help="weight of the intermediate layers' hidden states in stage 2 (0: the last only)")
-    parser.add_argument("--stage2-schedule", choices=["constant", "cosine"], default="constant")
+    parser.add_argument("--stage2-schedule", choices=["constant", "cosine"], default="cosine")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    parser.add_argument("--jobs", type=int, default=8, help="processes that train the independent parts at once")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="processes that train the independent parts at once (default: one per CPU core)")
     parser.add_argument("--quick", action="store_true", help="tiny settings, for a look (needs --out)")
     parser.add_argument("--out", default=str(DATA))
     args = parser.parse_args(argv)
@@ -131,20 +138,25 @@ def main(argv=None):
 
     model = load_minilm()
     train, heldout = passage_split(args.train, args.heldout, min_tokens=args.n, tokenizer=model.tokenizer)
+    args.train = len(train)
     assert not set(train) & set(heldout)
-    token_ids, key_mask = model.tokenize(train, max_length=args.n, truncate=True)  # (b, n) each
+    stage2_ids, stage2_mask = model.tokenize(train, max_length=args.n, truncate=True)  # (b, n) each
+    token_ids, key_mask = model.tokenize(train[:args.stage1_train], max_length=args.n, truncate=True)  # stage 1's
     probe_ids, probe_mask = model.tokenize(heldout[:8], max_length=args.n, truncate=True)
+    torch.set_num_threads(args.threads * args.jobs)  # the parts have not started: every core for this one
     exact = clock.run("exact reference", evaluate.exact_reference, model, heldout)
+    torch.set_num_threads(args.threads)
     exact_row = {"name": "exact", "training": "none", "cosine": 1.0, "control": float(np.mean(
         (exact["embeddings"] @ exact["embeddings"].T)[~np.eye(len(heldout), dtype=bool)])), "centred_cosine": 1.0,
-        "identification": 1.0, "retrieval": exact["retrieval"], "retrieval_hits": exact["retrieval_hits"]}
+        "identification": 1.0, "retrieval": exact["retrieval"], "retrieval_hits": exact["retrieval_hits"],
+        "half_cosine": 1.0, "retrieval_control": exact["retrieval"]}
     print(f"  exact: retrieval {exact['retrieval_hits']}/{len(heldout)}", flush=True)
-    CONTEXT.update(args=args, out=out, model=model, heldout=heldout, exact=exact, token_ids=token_ids,
-                   key_mask=key_mask, probe=(probe_ids, probe_mask))
+    CONTEXT.update(args=args, out=out, model=model, heldout=heldout, exact=exact, stage1_texts=(token_ids, key_mask),
+                   stage2_texts=(stage2_ids, stage2_mask), probe=(probe_ids, probe_mask))
 
     # The parts share nothing but the context above, so they run in parallel processes (forked:
     # each starts with the loaded model); the longest first.
-    parts = [("stage2", ()), ("linformer", ()), ("stage1", ()), ("t2r", ())]
+    parts = [("window", ()), ("hedgehog", ()), ("linformer", ()), ("t2r", ())]
     parts += [("seed", (seed,)) for seed in range(1, args.stage1_seeds)] + [("sweep", (f,)) for f in args.sweep]
     parts += [("untrained", ())]
     if args.jobs > 1:
@@ -157,34 +169,36 @@ def main(argv=None):
     for (name, _), part in zip(parts, done, strict=True):
         results.setdefault(name, []).append(part)
         clock.stages.update(part["stages"])
-    stage1, stage2 = results["stage1"][0], results["stage2"][0]
-    for key, value in stage1["final_state"].items():  # stage 2 re-ran stage 1 in its own process: the same maps
-        torch.testing.assert_close(stage2["stage1_state"][key], value, rtol=0, atol=0)
+    hedgehog, window = results["hedgehog"][0], results["window"][0]
     t2r, linformer = results["t2r"][0], results["linformer"][0]
-    rows = [exact_row, *results["untrained"][0]["rows"], stage1["row"], stage2["row"], t2r["row"], *linformer["rows"]]
-    seed_rows = [{"seed": 0, "cosine": stage1["row"]["cosine"]}]
+    rows = [exact_row, *results["untrained"][0]["rows"], *hedgehog["rows"], *window["rows"], t2r["row"],
+            *linformer["rows"]]
+    seed_rows = [{"seed": 0, "cosine": hedgehog["rows"][0]["cosine"]}]
     seed_rows += [part["seed_row"] for part in results.get("seed", [])]
     sweep_rows = [part["sweep_row"] for part in results.get("sweep", [])]
-    sweep_rows.append({"f": args.features, "features": 2 * args.features, "cosine": stage1["row"]["cosine"],
-                       "seconds": stage1["seconds"], "heldout_loss": stage1["checkpoint_rows"][-1]["heldout_loss"]})
-    half = {**stage1["half"], **{k: v for part in results.get("sweep", []) for k, v in part["half"].items()}}
+    sweep_rows.append({"f": args.features, "features": 2 * args.features, "cosine": hedgehog["rows"][0]["cosine"],
+                       "seconds": hedgehog["seconds"], "heldout_loss": hedgehog["checkpoint_rows"][-1]["heldout_loss"]})
+    half = {**hedgehog["half"], **{k: v for part in results.get("sweep", []) for k, v in part["half"].items()}}
     save_file({k: v.contiguous() for k, v in half.items()},
               str(out / "linearized_checkpoints.safetensors"), metadata={"command": COMMAND})
 
     results = {
         "command": COMMAND + (" --quick" if args.quick else ""), "settings": vars(args),
         "hardware": f"{cpu_name()}, {args.threads} thread(s) per process, {args.jobs} processes at once, "
-                    f"torch {torch.__version__}",
+                    f"torch {torch.__version__}, Python {platform.python_version()}",
         "train_passages": len(train), "stage1_passages": args.stage1_train, "heldout_passages": len(heldout),
         "n": args.n, "rows": rows, "stages": clock.stages, "total_wall_s": time.perf_counter() - start,
         "total_cpu_s": time.process_time() - cpu_start + sum(part["cpu_s"] for part in done),
-        "stage1_losses": stage1["losses"], "stage2_losses": stage2["losses"], "t2r_losses": t2r["losses"],
+        "stage1_losses": hedgehog["stage1_losses"], "stage2_losses": hedgehog["losses"],
+        "window_stage1_losses": window["stage1_losses"], "window_stage2_losses": window["losses"],
+        "t2r_losses": t2r["losses"],
         "linformer_stage1_losses": linformer["stage1_losses"], "linformer_stage2_losses": linformer["losses"],
-        "stage2_total_losses": {"hedgehog": stage2["total_losses"], "t2r": t2r["total_losses"],
-                                "linformer": linformer["total_losses"]},  # what stage 2 minimised: Eq. 10.7 + layers'
-        "stage1_checkpoints": stage1["checkpoint_rows"], "stage1_seeds": seed_rows, "feature_sweep": sweep_rows,
-        "stage1_one_layer_cosines": stage1["one_layer"],
-        "added_parameters": {"hedgehog": stage2["added"], "t2r": t2r["added"], "linformer": linformer["added"]},
+        "stage2_total_losses": {"hedgehog": hedgehog["total_losses"], "window": window["total_losses"],
+                                "t2r": t2r["total_losses"], "linformer": linformer["total_losses"]},
+        "stage1_checkpoints": hedgehog["checkpoint_rows"], "stage1_seeds": seed_rows, "feature_sweep": sweep_rows,
+        "stage1_one_layer_cosines": hedgehog["one_layer"],
+        "added_parameters": {"hedgehog": hedgehog["added"], "window": window["added"], "t2r": t2r["added"],
+                             "linformer": linformer["added"]},
     }
     (out / "linearized_results.json").write_text(json.dumps(results, indent=1) + "\n")
     print(f"wrote {out} in {results['total_wall_s']:.0f} s wall, {results['total_cpu_s']:.0f} s CPU", flush=True)
@@ -212,11 +226,6 @@ def _stage2_settings(args):
                 schedule=args.stage2_schedule)
 
 
-def _stage1_texts():
-    count = CONTEXT["args"].stage1_train  # stage 1 keeps q, k, v of every layer: fewer texts
-    return CONTEXT["token_ids"][:count], CONTEXT["key_mask"][:count]
-
-
 def _with_adapters(student, method, **options):
     """``student``'s trained kernels in a fresh ``linearize``d model with adapters (for stage 2)."""
     args = CONTEXT["args"]
@@ -224,6 +233,14 @@ def _with_adapters(student, method, **options):
         return student
     staged = lin.linearize(CONTEXT["model"], method, rank=args.rank, adapt=args.adapt, **options)
     return lin.load_trained(staged, {**lin.trainable_state(staged), **lin.trainable_state(student)})
+
+
+def _stage2(clock, name, student, method, **options):
+    """Stage 2 with adapters on the stage-2 texts; the model, its run, and it saved as linearized_<name>."""
+    student = _with_adapters(student, method, **options)
+    run = clock.run(f"{name} stage 2", lin.distill_outputs, student, CONTEXT["model"], *CONTEXT["stage2_texts"],
+                    seed=0, **_stage2_settings(CONTEXT["args"]))
+    return student, run
 
 
 def part_untrained(clock):
@@ -241,16 +258,16 @@ def part_untrained(clock):
     return {"rows": rows}
 
 
-def part_stage1(clock):
-    """Hedgehog stage 1 (seed 0) with checkpoints for the steps widget, its score, and one layer at a time."""
+def part_hedgehog(clock):
+    """Hedgehog stage 1 (seed 0) with checkpoints for the steps widget, one layer at a time, then stage 2."""
     args, model, heldout, exact = CONTEXT["args"], CONTEXT["model"], CONTEXT["heldout"], CONTEXT["exact"]
     marks = sorted({0, *(int(round(args.stage1_steps * x)) for x in (0.05, 0.125, 0.25, 0.5, 1.0))})
     half = {}  # the checkpoints' maps in float16 (a heatmap's precision): the file stays small
     hedgehog = lin.linearize(model, "hedgehog", n_features=args.features)
-    run = clock.run("Hedgehog stage 1", lin.distill_attention, hedgehog, model, *_stage1_texts(),
-                    checkpoints=marks, seed=0, **_stage1_settings(args))
+    first = clock.run("Hedgehog stage 1", lin.distill_attention, hedgehog, model, *CONTEXT["stage1_texts"],
+                      checkpoints=marks, seed=0, **_stage1_settings(args))
     checkpoint_rows = []
-    for step, state in run["checkpoints"].items():
+    for step, state in first["checkpoints"].items():
         lin.load_trained(hedgehog, state)
         result = evaluate.heldout_scores(hedgehog, heldout, exact, retrieval=False)
         checkpoint_rows.append({"step": step, "cosine": result["cosine"], "centred_cosine": result["centred_cosine"],
@@ -261,40 +278,47 @@ def part_stage1(clock):
     lin.save_linearized(hedgehog, CONTEXT["out"] / "linearized_hedgehog_stage1.safetensors", command=COMMAND)
     rows = []
     clock.run("score Hedgehog, stage 1", score, "Hedgehog, stage 1", hedgehog, heldout, exact, rows,
-              training="stage 1", seconds=run["seconds"])
+              training="stage 1", seconds=first["seconds"])
     one_layer = []  # the stage-1 map of one layer in the exact model: which layer costs most
     for i in range(model.config.n_layers):
         single = copy.deepcopy(model)
         single.layers[i].attention = hedgehog.layers[i].attention
         one_layer.append(evaluate.heldout_scores(single, heldout, exact, retrieval=False)["cosine"])
     print("  one layer at a time: " + ", ".join(f"{c:.3f}" for c in one_layer), flush=True)
-    return {"row": rows[0], "losses": run["losses"], "seconds": run["seconds"], "checkpoint_rows": checkpoint_rows,
-            "half": half, "one_layer": one_layer, "final_state": lin.trainable_state(hedgehog)}
-
-
-def part_stage2(clock):
-    """Hedgehog stage 1 again (seed 0: the same maps as part_stage1), then stage 2 with adapters."""
-    args, model = CONTEXT["args"], CONTEXT["model"]
-    hedgehog = lin.linearize(model, "hedgehog", n_features=args.features)
-    first = clock.run("Hedgehog stage 1 (again, before stage 2)", lin.distill_attention, hedgehog, model,
-                      *_stage1_texts(), seed=0, **_stage1_settings(args))
-    stage1_state = lin.trainable_state(hedgehog)
-    hedgehog = _with_adapters(hedgehog, "hedgehog", n_features=args.features)
-    run = clock.run("Hedgehog stage 2", lin.distill_outputs, hedgehog, model, CONTEXT["token_ids"],
-                    CONTEXT["key_mask"], seed=0, **_stage2_settings(args))
+    hedgehog, run = _stage2(clock, "Hedgehog", hedgehog, "hedgehog", n_features=args.features)
     lin.save_linearized(hedgehog, CONTEXT["out"] / "linearized_hedgehog.safetensors", command=COMMAND)
-    rows = []
-    clock.run("score Hedgehog, stages 1 + 2", score, "Hedgehog, stages 1 + 2", hedgehog, CONTEXT["heldout"],
-              CONTEXT["exact"], rows, training="stage 1 + stage 2", seconds=first["seconds"] + run["seconds"])
-    return {"row": rows[0], "losses": run["losses"], "total_losses": run["total_losses"],
-            "stage1_state": stage1_state, "added": lin.added_parameters(hedgehog)}
+    clock.run("score Hedgehog, stages 1 + 2", score, "Hedgehog, stages 1 + 2", hedgehog, heldout, exact, rows,
+              training="stage 1 + stage 2", seconds=first["seconds"] + run["seconds"])
+    return {"rows": rows, "stage1_losses": first["losses"], "seconds": first["seconds"],
+            "checkpoint_rows": checkpoint_rows, "half": half, "one_layer": one_layer, "losses": run["losses"],
+            "total_losses": run["total_losses"], "added": lin.added_parameters(hedgehog)}
+
+
+def part_window(clock):
+    """Hedgehog with a sliding window of 2w + 1 exact keys (Eq. 10.9): stage 1, then stage 2."""
+    args, model, heldout, exact = CONTEXT["args"], CONTEXT["model"], CONTEXT["heldout"], CONTEXT["exact"]
+    options = dict(n_features=args.features, window=args.window)
+    windowed = lin.linearize(model, "hedgehog", **options)
+    first = clock.run("Hedgehog + window stage 1", lin.distill_attention, windowed, model, *CONTEXT["stage1_texts"],
+                      seed=0, **_stage1_settings(args))
+    lin.save_linearized(windowed, CONTEXT["out"] / "linearized_hedgehog_window_stage1.safetensors", command=COMMAND)
+    rows, name = [], f"Hedgehog + window (w = {args.window})"
+    clock.run("score Hedgehog + window, stage 1", score, f"{name}, stage 1", windowed, heldout, exact, rows,
+              training="stage 1", seconds=first["seconds"])
+    windowed, run = _stage2(clock, "Hedgehog + window", windowed, "hedgehog", **options)
+    lin.save_linearized(windowed, CONTEXT["out"] / "linearized_hedgehog_window.safetensors", command=COMMAND)
+    clock.run("score Hedgehog + window, stages 1 + 2", score, f"{name}, stages 1 + 2", windowed, heldout, exact,
+              rows, training="stage 1 + stage 2", seconds=first["seconds"] + run["seconds"])
+    return {"rows": rows, "stage1_losses": first["losses"], "losses": run["losses"],
+            "total_losses": run["total_losses"], "added": lin.added_parameters(windowed)}
 
 
 def part_seed(clock, seed):
     """Hedgehog stage 1 with another seed (minibatch order and rows): the spread of stage 1."""
     args, model = CONTEXT["args"], CONTEXT["model"]
     other = lin.linearize(model, "hedgehog", n_features=args.features)
-    clock.run(f"Hedgehog stage 1, seed {seed}", lin.distill_attention, other, model, *_stage1_texts(), seed=seed,
+    clock.run(f"Hedgehog stage 1, seed {seed}", lin.distill_attention, other, model, *CONTEXT["stage1_texts"],
+              seed=seed,
               **_stage1_settings(args))
     cosine = evaluate.heldout_scores(other, CONTEXT["heldout"], CONTEXT["exact"], retrieval=False)["cosine"]
     print(f"  stage 1 seed {seed}: cosine {cosine:.3f}", flush=True)
@@ -305,8 +329,8 @@ def part_sweep(clock, f):
     """Hedgehog stage 1 with f features per half: the features widget."""
     args, model = CONTEXT["args"], CONTEXT["model"]
     other = lin.linearize(model, "hedgehog", n_features=f)
-    run = clock.run(f"Hedgehog stage 1, f = {f}", lin.distill_attention, other, model, *_stage1_texts(), seed=0,
-                    **_stage1_settings(args))
+    run = clock.run(f"Hedgehog stage 1, f = {f}", lin.distill_attention, other, model, *CONTEXT["stage1_texts"],
+                    seed=0, **_stage1_settings(args))
     result = evaluate.heldout_scores(other, CONTEXT["heldout"], CONTEXT["exact"], retrieval=False)
     print(f"  stage 1 with f = {f}: cosine {result['cosine']:.3f}", flush=True)
     return {"sweep_row": {"f": f, "features": 2 * f, "cosine": result["cosine"], "seconds": run["seconds"],
@@ -317,9 +341,8 @@ def part_sweep(clock, f):
 def part_t2r(clock):
     """T2R: random relu maps swapped in, then trained end to end (stage 2 only)."""
     args, model = CONTEXT["args"], CONTEXT["model"]
-    t2r = lin.linearize(model, "t2r", n_features=args.t2r_features, rank=args.rank, adapt=args.adapt)
-    run = clock.run("T2R stage 2", lin.distill_outputs, t2r, model, CONTEXT["token_ids"], CONTEXT["key_mask"], seed=0,
-                    **_stage2_settings(args))
+    t2r, run = _stage2(clock, "T2R", lin.linearize(model, "t2r", n_features=args.t2r_features), "t2r",
+                       n_features=args.t2r_features)
     lin.save_linearized(t2r, CONTEXT["out"] / "linearized_t2r.safetensors", command=COMMAND)
     rows = []
     clock.run("score T2R", score, "T2R, trained end to end", t2r, CONTEXT["heldout"], CONTEXT["exact"], rows,
@@ -332,14 +355,12 @@ def part_linformer(clock):
     """Linformer: E, F learned for every layer (stage 1, lesson 04's loss), then trained end to end."""
     args, model, heldout, exact = CONTEXT["args"], CONTEXT["model"], CONTEXT["heldout"], CONTEXT["exact"]
     linformer = lin.linearize(model, "linformer", k_proj=args.k, n_max=args.n)
-    first = clock.run("Linformer stage 1", lin.distill_attention, linformer, model, *_stage1_texts(), seed=0,
+    first = clock.run("Linformer stage 1", lin.distill_attention, linformer, model, *CONTEXT["stage1_texts"], seed=0,
                       **{**_stage1_settings(args), "lr": args.linformer_lr})
     rows = []
     clock.run("score Linformer, stage 1", score, f"Linformer (k = {args.k}), E, F learned", linformer, heldout, exact,
               rows, training="stage 1", seconds=first["seconds"])
-    linformer = _with_adapters(linformer, "linformer", k_proj=args.k, n_max=args.n)
-    run = clock.run("Linformer stage 2", lin.distill_outputs, linformer, model, CONTEXT["token_ids"],
-                    CONTEXT["key_mask"], seed=0, **_stage2_settings(args))
+    linformer, run = _stage2(clock, "Linformer", linformer, "linformer", k_proj=args.k, n_max=args.n)
     lin.save_linearized(linformer, CONTEXT["out"] / "linearized_linformer.safetensors", command=COMMAND)
     clock.run("score Linformer, stages 1 + 2", score, f"Linformer (k = {args.k}), E, F learned + end to end",
               linformer, heldout, exact, rows, training="stage 1 + stage 2", seconds=first["seconds"] + run["seconds"])
@@ -347,7 +368,7 @@ def part_linformer(clock):
             "total_losses": run["total_losses"], "added": lin.added_parameters(linformer)}
 
 
-PARTS = {"untrained": part_untrained, "stage1": part_stage1, "stage2": part_stage2, "seed": part_seed,
+PARTS = {"untrained": part_untrained, "hedgehog": part_hedgehog, "window": part_window, "seed": part_seed,
          "sweep": part_sweep, "t2r": part_t2r, "linformer": part_linformer}
 
 
