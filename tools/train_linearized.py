@@ -10,8 +10,9 @@ every stage's wall time and process CPU time are stored):
 
 1. Hedgehog (Zhang et al. 2024): maps with W = I at the start; stage 1 (attention distillation
    per layer) with checkpoints for the notebook's training-steps widget, then stage 2 (end to
-   end); stage 1 repeated with other seeds (the spread) and with fewer features (the features
-   widget).
+   end); stage 1 repeated with fewer features (the features widget) and, with --stage1-seeds
+   above 1, with other seeds (the spread; about 100 CPU seconds each, left out by default so that
+   the whole run fits 15 minutes on 2 cores).
 2. Hedgehog with a sliding window of exact keys beside the maps (Eq. 10.9; LoLCATs, Zhang et
    al. 2025): stage 1, then stage 2.
 3. T2R (Kasai et al. 2021): random relu maps swapped in, trained end to end (stage 2 only).
