@@ -72,8 +72,8 @@ class LearnedLinearAttention(LinearAttention):
     def attend(self, q, k, v, key_mask):
         phi_q, phi_k = self.features(q, k)
         if self.window is not None:
-            return window_linear_attention(q, k, v, phi_q.to(q.dtype), phi_k.to(q.dtype), window=self.window,
-                                           log_scale=self.log_scale, key_mask=key_mask)  # (b, h, n, e)
+            return window_linear_attention(q, k, v, phi_q, phi_k, window=self.window, log_scale=self.log_scale,
+                                           key_mask=key_mask)  # (b, h, n, e), sums in float32 for half inputs
         out = linear.linear_attention_from_features(phi_q, phi_k, v.to(phi_q.dtype), eps=self.eps, key_mask=key_mask)
         return out.to(v.dtype)  # (b, h, n, e)
 
