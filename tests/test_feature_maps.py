@@ -218,6 +218,16 @@ def test_t2r_module_is_seeded_and_non_negative():
     assert a(x).shape == (2, 3, 6, 8) and (a(x) >= 0).all()
 
 
+@pytest.mark.parametrize("cls", [torch_fm.HedgehogFeatureMap, torch_fm.T2RFeatureMap])
+def test_a_half_precision_module_maps_float32_inputs_as_linear_attention_feeds_them(cls):
+    fmap = cls(3, 5, 4, generator=torch.Generator().manual_seed(0)) if cls is torch_fm.T2RFeatureMap else cls(3, 5)
+    x = torch.randn(2, 3, 6, 5, generator=torch.Generator().manual_seed(1))  # float32, as _features passes half x
+    expected = fmap(x)
+    got = fmap.half()(x)  # the parameters in float16, the input in float32
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, expected, rtol=0, atol=2e-3)  # W rounded to float16: ~3 decimal digits
+
+
 @pytest.mark.parametrize("cls, args", [(torch_fm.HedgehogFeatureMap, (3, 5, 0)), (torch_fm.T2RFeatureMap, (3, 5, 0))])
 def test_modules_refuse_no_features(cls, args):
     with pytest.raises(ValueError, match="n_features"):
@@ -234,3 +244,9 @@ def test_bad_weight_and_bias_shapes_are_named(tree, rng):
         tree.feature_maps.t2r_feature_map(*tree.arrays(x, rng.standard_normal((4, 5)), np.zeros(3)))
     with pytest.raises(TypeError, match="x must hold floating-point"):
         tree.feature_maps.t2r_feature_map(*tree.arrays(np.ones((6, 5), dtype=int), np.ones((4, 5)), np.zeros(4)))
+
+
+def test_the_torch_map_names_mixed_dtypes():
+    x, weight, bias = torch.randn(6, 5), torch.randn(4, 5, dtype=torch.float16), torch.zeros(4)
+    with pytest.raises(ValueError, match="x, weight and bias must share one dtype, got torch.float32, torch.float16"):
+        torch_fm.hedgehog_feature_map(x, weight, bias)

@@ -322,6 +322,15 @@ def test_every_stored_model_loads_with_linear_attention_in_every_layer(name):
     np.testing.assert_allclose(np.linalg.norm(embeddings, axis=1), 1.0, rtol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["hedgehog", "hedgehog_window", "t2r", "linformer"])
+def test_a_stored_model_in_half_precision_encodes_like_float32(name):
+    student = linearize.load_linearized(name)
+    full = student.encode(SHORT)
+    half = student.half().encode(SHORT)  # learned maps take float32 features from float16 weights
+    cosines = np.einsum("td,td->t", full, half)
+    np.testing.assert_allclose(cosines, 1.0, atol=2e-3)  # float16 weights and activations: ~3 decimal digits
+
+
 def test_load_linearized_and_encode_refuse_bad_input():
     with pytest.raises(ValueError, match="name must be one of 'hedgehog'"):
         linearize.load_linearized("performer")

@@ -19,6 +19,9 @@ from course_lib.torch.full import _check
 def _check_map(x, weight, bias):
     for name, a in (("x", x), ("weight", weight), ("bias", bias)):
         _validate.check_float(name, a, a.is_floating_point())
+    if not x.dtype == weight.dtype == bias.dtype:  # else einsum: "expected m1 and m2 to have the same dtype"
+        raise ValueError(f"x, weight and bias must share one dtype, got {x.dtype}, {weight.dtype} and {bias.dtype}: "
+                         "cast the parameters to x's dtype (the map modules do).")
     if x.dim() < 1 or weight.dim() < 2 or weight.shape[-1] != x.shape[-1]:
         raise ValueError(f"weight must have shape (..., f, d) with d = {x.shape[-1] if x.dim() else '?'} (x is "
                          f"(..., n, d) = {tuple(x.shape)}), got {tuple(weight.shape)}.")
@@ -266,7 +269,8 @@ class HedgehogFeatureMap(nn.Module):
 
     def forward(self, x):
         """``x (..., h, n, d)`` → ``(..., h, n, 2f)``."""
-        return hedgehog_feature_map(x, self.weight, self.bias, normalise=self.normalise)
+        # x's dtype, not the parameters': linear attention feeds half inputs in float32 (_features)
+        return hedgehog_feature_map(x, self.weight.to(x.dtype), self.bias.to(x.dtype), normalise=self.normalise)
 
 
 class T2RFeatureMap(nn.Module):
@@ -294,4 +298,4 @@ class T2RFeatureMap(nn.Module):
 
     def forward(self, x):
         """``x (..., h, n, d)`` → ``(..., h, n, f)``."""
-        return t2r_feature_map(x, self.weight, self.bias)
+        return t2r_feature_map(x, self.weight.to(x.dtype), self.bias.to(x.dtype))  # x's dtype, as for Hedgehog
