@@ -29,6 +29,17 @@ class Mistake:
 
 
 @dataclass
+class Requirement:
+    """A property beyond equal results, such as a memory budget: ``measure(candidate)`` returns None when it
+    holds, else a line saying what was measured; ``example`` breaks it (for the tests), ``hint`` says why."""
+
+    name: str
+    measure: object
+    hint: str
+    example: object
+
+
+@dataclass
 class CheckResult:
     """The outcome of one exercise check; truthy only when passed."""
 
@@ -161,7 +172,7 @@ def _generic_hint(got, expected, args, passed_ndim):
     return None
 
 
-def run_check(exercise, candidate, reference, cases, *, names=("result",), mistakes=(),
+def run_check(exercise, candidate, reference, cases, *, names=("result",), mistakes=(), requirements=(),
               atol=1e-6, rtol=1e-5, verbose=True):
     """Compare ``candidate`` with ``reference`` on every case; never raises.
 
@@ -172,6 +183,7 @@ def run_check(exercise, candidate, reference, cases, *, names=("result",), mista
         cases: list of ``(description, args, kwargs)``; each call gets its own deep copy.
         names: names of the results (a function may return a tuple of intermediates).
         mistakes: ``Mistake`` list, tried in order when a case fails.
+        requirements: ``Requirement`` list, measured once every case agrees.
         atol, rtol: tolerances for ``numpy.allclose``.
         verbose: print the result.
 
@@ -205,10 +217,26 @@ def run_check(exercise, candidate, reference, cases, *, names=("result",), mista
         result = CheckResult(exercise, FAILED, message, mistake.name if mistake else None)
         break
     if result is None:
+        result = _unmet(exercise, candidate, requirements)
+    if result is None:
         result = CheckResult(exercise, PASSED, f"  {len(cases)} seeded cases agree with the library.")
     if verbose:
         print(result)
     return result
+
+
+def _unmet(exercise, candidate, requirements):
+    """A failed ``CheckResult`` for the first requirement ``candidate`` breaks, or None."""
+    for requirement in requirements:
+        try:
+            with np.errstate(all="ignore"):
+                measured = requirement.measure(candidate)
+        except Exception as exc:  # e.g. MemoryError on the larger input: the requirement is not met
+            measured = f"the measurement raised {type(exc).__name__}: {exc}"
+        if measured is not None:
+            return CheckResult(exercise, FAILED, f"  every case agrees with the library, but {measured}\n"
+                               f"  hint: {requirement.hint}", requirement.name)
+    return None
 
 
 def _match_mistake(mistakes, got, args, kwargs, atol, rtol):
@@ -237,10 +265,12 @@ class Exercise:
     names: tuple = ("result",)
     atol: float = 1e-6
     rtol: float = 1e-5
+    requirements: tuple = ()
 
     def __call__(self, candidate, *, verbose=True):
         return run_check(self.number, candidate, self.reference, self.cases(), names=self.names,
-                         mistakes=self.mistakes, atol=self.atol, rtol=self.rtol, verbose=verbose)
+                         mistakes=self.mistakes, requirements=self.requirements, atol=self.atol, rtol=self.rtol,
+                         verbose=verbose)
 
 
 def all_exercises():

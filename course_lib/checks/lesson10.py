@@ -1,8 +1,11 @@
-"""Checks for the lesson 10 exercises (linearizing: Hedgehog's map, the distillation loss, honest scores)."""
+"""Checks for the lesson 10 exercises (linearizing: Hedgehog's map, the distillation loss, honest scores, the
+window of Eq. 10.9 in linear memory)."""
+
+import tracemalloc
 
 import numpy as np
 
-from course_lib.checks import Exercise, Mistake
+from course_lib.checks import Exercise, Mistake, Requirement
 from course_lib.numpy import feature_maps
 
 
@@ -210,4 +213,132 @@ def _cases_10_3():
 exercise_10_3 = Exercise("10.3", "fit on the training passages, score on the held-out ones", _honest_reference,
                          _cases_10_3, MISTAKES_10_3, names=("train_score", "heldout_score"), atol=1e-12, rtol=1e-9)
 
-EXERCISES = [exercise_10_1, exercise_10_2, exercise_10_3]
+
+
+# --- Exercise 10.4: Eq. (10.9) without the n × n weights -----------------------------------------
+# The learner computes the window's softmax terms on the 2w + 1 keys of each query and linear
+# attention's terms from the states phi(k)ᵀv and Σ phi(k), under one normaliser and one shift.
+
+def _window_reference(q, k, v, phi_q, phi_k, window, gamma):
+    return feature_maps.window_linear_attention(q, k, v, phi_q, phi_k, window=window, log_scale=np.log(gamma))
+
+
+def _window_slip(*, near=lambda distance, w: np.abs(distance) <= w, scale=True, gamma_where="both",
+                 kernel_keys="all", separate=False, shift_kernel=True, wrap=False):
+    """Eq. (10.9)'s output formed densely, with one slip (the defaults: none)."""
+    def attention(q, k, v, phi_q, phi_k, window, gamma):
+        n = q.shape[-2]
+        distance = np.arange(n)[None, :] - np.arange(n)[:, None]  # (n, s): j - i
+        if wrap:  # np.roll's band: the key j - i ≡ o (mod n), so the ends see each other
+            distance = (distance + n // 2) % n - n // 2
+        band = near(distance, window)  # (n, s)
+        scores = q @ np.swapaxes(k, -1, -2) / (np.sqrt(q.shape[-1]) if scale else 1.0)  # (..., n, s)
+        scores = np.where(band, scores, -np.inf)
+        shift = scores.max(axis=-1, keepdims=True)  # (..., n, 1)
+        exact = np.exp(scores - shift)  # (..., n, s)
+        kernel = phi_q @ np.swapaxes(phi_k, -1, -2)  # (..., n, s)
+        if kernel_keys == "outside":
+            kernel = np.where(band, 0.0, kernel)
+        kernel = kernel * (np.exp(-shift) if shift_kernel else 1.0)
+        g_num, g_den = {"both": (gamma, gamma), "none": (1.0, 1.0), "numerator": (gamma, 1.0)}[gamma_where]
+        if separate:
+            return (exact @ v / exact.sum(-1, keepdims=True)
+                    + kernel @ v / kernel.sum(-1, keepdims=True))
+        return (exact @ v + g_num * kernel @ v) / (exact.sum(-1, keepdims=True) + g_den * kernel.sum(-1, keepdims=True))
+    return attention
+
+
+def _peak_bytes(fn, *args):
+    """Peak NumPy memory (tracemalloc) of ``fn(*args)``, in bytes."""
+    started = not tracemalloc.is_tracing()
+    if started:
+        tracemalloc.start()
+    tracemalloc.reset_peak()
+    base = tracemalloc.get_traced_memory()[0]
+    try:
+        fn(*args)
+        return tracemalloc.get_traced_memory()[1] - base
+    finally:
+        if started:
+            tracemalloc.stop()
+
+
+LONG_N, BUDGET = 4096, 16 * 2**20  # n × n float64 at n = 4,096: 128 MiB; the linear form needs well under 1 MiB
+
+
+def _linear_memory(candidate):
+    """None if ``candidate`` stays within ``BUDGET`` at n = ``LONG_N``, else what it used."""
+    args = _window_case(420, (), LONG_N, 4, 4, 3, window=3, gamma=0.5)
+    peak = _peak_bytes(candidate, *args)
+    if peak <= BUDGET:
+        return None
+    return (f"at n = {LONG_N:,} (w = 3, d = e = 4, f = 3) it needed {peak / 2**20:.0f} MiB at its peak; one "
+            f"n × n float64 array is {LONG_N**2 * 8 / 2**20:.0f} MiB, and the budget is {BUDGET / 2**20:.0f} MiB.")
+
+
+REQUIREMENTS_10_4 = (
+    Requirement("formed-n-by-n", _linear_memory,
+                "Eq. (10.9)'s point is that the n × n weights are never formed: score each query against its "
+                "2w + 1 neighbours only (a loop over the offsets −w … w, each a slice of k and v), and add the "
+                "kernel's terms from phi(k)ᵀv and Σ_j phi(k_j), computed once for every query.",
+                _window_reference),
+)
+
+MISTAKES_10_4 = (
+    Mistake("two-normalisers", _window_slip(separate=True),
+            "the window's softmax and the kernel were each normalised on their own and then added: Eq. (10.9) has "
+            "ONE normaliser, the sum of both terms over the keys, so a query's weights sum to 1 in all."),
+    Mistake("wrapped-around", _window_slip(wrap=True),
+            "the first and last queries reached keys at the other end of the text: np.roll wraps around. A query "
+            "near an end has fewer than 2w + 1 keys in its window (slice the valid range, or pad with −inf)."),
+    Mistake("gamma-missing", _window_slip(gamma_where="none"),
+            "the kernel's terms are γ phi(q_i)·phi(k_j): multiply both the kernel's numerator and its share of the "
+            "normaliser by γ."),
+    Mistake("gamma-in-numerator-only", _window_slip(gamma_where="numerator"),
+            "γ scales the kernel in the normaliser too: each weight is a numerator over the sum of the same "
+            "numerators, [near] e^(score) + γ phi(q)·phi(k), over every key."),
+    Mistake("kernel-outside-the-window-only", _window_slip(kernel_keys="outside"),
+            "in Eq. (10.9) the kernel term covers EVERY key, those in the window too (the bracket multiplies the "
+            "exponential only): φ(q)ᵀ(Σ_j φ(k_j) v_jᵀ) over all keys needs no correction for the window."),
+    Mistake("one-sided-window", _window_slip(near=lambda distance, w: (distance <= 0) & (distance >= -w)),
+            "MiniLM is an encoder: the window holds the keys on both sides of the query, |i − j| ≤ w (2w + 1 "
+            "keys), not only the w before it."),
+    Mistake("window-too-narrow", _window_slip(near=lambda distance, w: np.abs(distance) < w),
+            "the window is |i − j| ≤ w, 2w + 1 keys (the query's own key and w on each side); you kept |i − j| < w."),
+    Mistake("no-1/sqrt(d)", _window_slip(scale=False),
+            "the exact terms are softmax's own, e^(q·k/√d): divide the scores by √d."),
+    Mistake("shift-on-the-window-only", _window_slip(shift_kernel=False),
+            "subtracting each row's maximum m_i from the scores divides the window's terms by e^(m_i): divide the "
+            "kernel's terms by e^(m_i) too (multiply them by γ e^(−m_i)), or the two no longer share a normaliser."),
+)
+
+
+def _window_case(seed, lead, n, d, e, f, *, window, gamma, scale=1.0):
+    """q, k, v, positive features of q and k, window and γ; ``scale`` > 1 makes e^(q·k/√d) overflow."""
+    rng = np.random.default_rng(seed)
+    q = scale * rng.standard_normal((*lead, n, d))
+    k = q + 0.3 * scale * rng.standard_normal((*lead, n, d)) if scale > 1 else rng.standard_normal((*lead, n, d))
+    v = rng.standard_normal((*lead, n, e))
+    phi_q, phi_k = np.exp(0.5 * rng.standard_normal((2, *lead, n, f)))  # positive features
+    return q, k, v, phi_q, phi_k, window, gamma
+
+
+def _cases_10_4():
+    return [
+        ("one head, n = 9, d = e = 4, f = 3, w = 2, γ = 0.5", _window_case(401, (), 9, 4, 4, 3, window=2, gamma=0.5),
+         {}),
+        ("w = 0: the query's own key only, n = 6, d = 3, e = 2, f = 4, γ = 2",
+         _window_case(402, (), 6, 3, 2, 4, window=0, gamma=2.0), {}),
+        ("w = 7 > n - 1: every key in the window, n = 5, γ = 0.1",
+         _window_case(403, (), 5, 4, 3, 2, window=7, gamma=0.1), {}),
+        ("batched (b, h) = (2, 3), n = 10, w = 1, γ = 3", _window_case(404, (2, 3), 10, 4, 5, 3, window=1, gamma=3.0),
+         {}),
+        ("large scores: e^(q·k/√d) beyond float64 (subtract each row's maximum, from both terms)",
+         _window_case(405, (), 8, 4, 4, 3, window=2, gamma=0.5, scale=20.0), {}),
+    ]
+
+
+exercise_10_4 = Exercise("10.4", "Eq. (10.9) in linear memory", _window_reference, _cases_10_4, MISTAKES_10_4,
+                         names=("out",), atol=1e-9, rtol=1e-7, requirements=REQUIREMENTS_10_4)
+
+EXERCISES = [exercise_10_1, exercise_10_2, exercise_10_3, exercise_10_4]
