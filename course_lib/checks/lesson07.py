@@ -12,65 +12,62 @@ def _phi(x):
     return linear.elu_feature_map(x)
 
 
-def _state_case(seed, lead, d, e, t):
-    """q_t, k_t, v_t at position t + 1 and the state (S, Z) after t earlier random tokens."""
-    rng = np.random.default_rng(seed)
-    keys, values = rng.standard_normal((*lead, t, d)), rng.standard_normal((*lead, t, e))
-    S = np.einsum("...sf,...se->...fe", _phi(keys), values)  # (..., f, e)
-    Z = _phi(keys).sum(axis=-2)  # (..., f)
-    q_t, k_t, v_t = rng.standard_normal((*lead, d)), rng.standard_normal((*lead, d)), rng.standard_normal((*lead, e))
-    return q_t, k_t, v_t, S, Z
+# --- Exercise 7.1: a prompt in one pass, and the state it leaves --------------------------------
+# Serving a prompt: its outputs come from the parallel causal form (no loop over its tokens), and
+# generation goes on from the state (S, Z) after its last token, one RNN step per new token.
+
+def _prefill_reference(q, k, v):
+    """The definition: the RNN of Eqs. (7.2)-(7.3) run over the prompt, one token at a time."""
+    state, outputs = None, []
+    for t in range(q.shape[-2]):
+        out, state = linear.linear_attention_step(q[..., t, :], k[..., t, :], v[..., t, :], state)
+        outputs.append(out)
+    return np.stack(outputs, axis=-2), *state  # (..., n, e), S (..., f, e), Z (..., f)
 
 
-# --- Exercise 7.1: one RNN step ------------------------------------------------------------
+def _prefill(*, phi=_phi, keys="causal", normaliser="causal", transpose_state=False):
+    """Exercise 7.1's function in parallel form, with one slip (the defaults: none)."""
+    masks = {"causal": np.tril, "strict": lambda w: np.tril(w, k=-1), "all": lambda w: w}
 
-def _step_reference(q_t, k_t, v_t, S, Z):
-    out, (S, Z) = linear.linear_attention_step(q_t, k_t, v_t, (S, Z))
-    return out, S, Z
-
-
-def _step(*, phi=_phi, old_normaliser=False, outer=lambda a, b: a[..., :, None] * b[..., None, :], norm=True):
-    """The exercise's function, made with one slip."""
-    def step(q_t, k_t, v_t, S, Z):
-        phi_q, phi_k = phi(q_t), phi(k_t)
-        new_S, new_Z = S + outer(phi_k, v_t), Z + phi_k
-        numerator = np.einsum("...f,...fe->...e", phi_q, new_S)
-        normaliser = np.einsum("...f,...f->...", phi_q, Z if old_normaliser else new_Z)
-        return (numerator / (normaliser[..., None] + EPS) if norm else numerator), new_S, new_Z
-    return step
+    def prefill(q, k, v):
+        phi_q, phi_k = phi(q), phi(k)  # (..., n, f)
+        kernel = phi_q @ np.swapaxes(phi_k, -1, -2)  # (..., n, n)
+        weights = masks[keys](kernel)
+        total = masks[normaliser](kernel).sum(axis=-1, keepdims=True)  # (..., n, 1)
+        S = np.swapaxes(phi_k, -1, -2) @ v  # (..., f, e)
+        return weights @ v / (total + EPS), (np.swapaxes(S, -1, -2) if transpose_state else S), phi_k.sum(axis=-2)
+    return prefill
 
 
 MISTAKES_7_1 = (
-    Mistake("old-normaliser", _step(old_normaliser=True),
-            "the normaliser used Z from before this token: update Z ← Z + phi(k_t) first, then divide by "
-            "phi(q_t)·Z with the new Z, as the numerator uses the new S (Eq. 7.3)."),
-    Mistake("outer-product-order", _step(outer=lambda a, b: b[..., :, None] * a[..., None, :]),
-            "S is (f, e): add the outer product phi(k_t) v_tᵀ (phi_k[..., :, None] * v_t[..., None, :]), "
-            "not v_t phi(k_t)ᵀ, or the output mixes the wrong features and values."),
-    Mistake("missing-feature-map", _step(phi=lambda x: x),
-            "the queries and keys were used as they are: apply the feature map phi = elu + 1 to q_t and k_t "
+    Mistake("future-leak", _prefill(keys="all", normaliser="all"),
+            "position i attended to every prompt token, later ones included: a token being generated cannot "
+            "see the tokens after it. Keep key j ≤ query i only (np.tril of the n × n kernel, or prefix sums)."),
+    Mistake("future-in-the-normaliser", _prefill(normaliser="all"),
+            "the numerator stops at key i but the normaliser sums phi(q_i)·phi(k_j) over the whole prompt: "
+            "Z_i = Σ_{j ≤ i} phi(k_j), the same keys as the numerator, or the weights do not sum to 1."),
+    Mistake("token-misses-itself", _prefill(keys="strict", normaliser="strict"),
+            "token i attends to itself too (j ≤ i, Eq. 7.1): np.tril(..., k=-1) drops the diagonal."),
+    Mistake("missing-feature-map", _prefill(phi=lambda x: x),
+            "the queries and keys were used as they are: apply the feature map phi = elu + 1 to q and k "
             "(Eq. 7.1); without it the weights can be negative and the normaliser can be 0."),
-    Mistake("missing-normaliser", _step(norm=False),
-            "the output is the numerator phi(q_t) S alone: divide it by phi(q_t)·Z + eps (Eq. 7.3)."),
+    Mistake("state-transposed", _prefill(transpose_state=True),
+            "S is (f, e), Σ_j phi(k_j) v_jᵀ = phi(K)ᵀ V, the shape linear_attention_step reads; you returned "
+            "Vᵀ phi(K)."),
 )
 
 
 def _cases_7_1():
     return [
-        ("after 20 tokens, d = e = 5", _state_case(73, (), 5, 5, 20), {}),
-        ("first token (empty state), d = e = 4", _empty_case(71, (), 4, 4), {}),
-        ("after 10 tokens, d = 4, e = 3 (d ≠ e: S is (f, e))", _state_case(72, (), 4, 3, 10), {}),
-        ("batched (b, h) = (2, 3), after 7 tokens, d = 6, e = 4", _state_case(74, (2, 3), 6, 4, 7), {}),
+        ("a prompt of 6 tokens, d = e = 4", _sequence_case(71, (), 6, 4, 4), {}),
+        ("a prompt of 9 tokens, d = 5, e = 3 (d ≠ e: S is (f, e))", _sequence_case(72, (), 9, 5, 3), {}),
+        ("a prompt of 1 token", _sequence_case(73, (), 1, 3, 2), {}),
+        ("batched (b, h) = (2, 3), a prompt of 7 tokens, d = 6, e = 4", _sequence_case(74, (2, 3), 7, 6, 4), {}),
     ]
 
 
-def _empty_case(seed, lead, d, e):
-    q_t, k_t, v_t, S, Z = _state_case(seed, lead, d, e, 1)
-    return q_t, k_t, v_t, np.zeros_like(S), np.zeros_like(Z)
-
-
-exercise_7_1 = Exercise("7.1", "one step of the linear-attention RNN", _step_reference, _cases_7_1, MISTAKES_7_1,
-                        names=("out_t", "S", "Z"))
+exercise_7_1 = Exercise("7.1", "a prompt in one pass, and the state it leaves", _prefill_reference, _cases_7_1,
+                        MISTAKES_7_1, names=("outputs", "S", "Z"))
 
 
 # --- Exercise 7.2: a state that forgets, and its parallel form ------------------------------
