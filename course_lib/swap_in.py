@@ -15,6 +15,7 @@ controls bracket them: ``zero_kernel`` (the attention outputs nothing) and ``uni
 """
 
 import copy
+import math
 
 import numpy as np
 import torch
@@ -191,22 +192,55 @@ def split_halves(texts):
     return [" ".join(w[:len(w) // 2]) for w in words], [" ".join(w[len(w) // 2:]) for w in words]
 
 
-def retrieval_top1(queries, documents):
-    """Share of queries whose most similar document (cosine) is their own. Notebooks 09 and 10.
+def retrieval_found(queries, documents):
+    """Whether each query's most similar document (cosine) is its own, ``(t,)`` booleans. Notebooks 09 and 10.
 
     Args:
         queries: unit embeddings ``(t, d_model)``; query i belongs to document i.
         documents: unit embeddings ``(t, d_model)``.
-
-    Returns:
-        A float in [0, 1]; chance is 1 / t.
     """
     queries, documents = np.asarray(queries, np.float64), np.asarray(documents, np.float64)
     if queries.shape != documents.shape or queries.ndim != 2:
         raise ValueError(f"queries and documents must both be (t, d_model), got {queries.shape} and {documents.shape}.")
     similarity = queries @ documents.T  # (t, t)
-    return float(np.mean(similarity.argmax(axis=1) == np.arange(len(queries))))
+    return similarity.argmax(axis=1) == np.arange(len(queries))
 
+
+def retrieval_top1(queries, documents):
+    """Share of queries whose most similar document (cosine) is their own. Notebooks 09 and 10.
+
+    Args:
+        queries, documents: as for ``retrieval_found``.
+
+    Returns:
+        A float in [0, 1]; chance is 1 / t.
+    """
+    return float(np.mean(retrieval_found(queries, documents)))
+
+
+def paired_retrieval(found, reference_found):
+    """A variant's retrieval against the exact model's, text by text: McNemar's exact test. Notebook 10.
+
+    Two scores of the same texts differ only where one model finds a text and the other does
+    not; the texts both find, or both miss, say nothing about which is better.  Under "neither
+    is better" each such text is a fair coin, so the p-value is the two-sided binomial tail of
+    the smaller count among ``lost + gained`` tosses.
+
+    Args:
+        found, reference_found: ``(t,)`` booleans from ``retrieval_found`` (variant, reference).
+
+    Returns:
+        A dict: ``lost`` (texts the reference finds and the variant misses), ``gained`` (the
+        reverse) and ``p`` (two-sided; 1.0 when they never disagree).
+    """
+    found, reference_found = np.asarray(found, bool), np.asarray(reference_found, bool)
+    if found.shape != reference_found.shape or found.ndim != 1:
+        raise ValueError(f"found and reference_found must be (t,) booleans for the same texts, got {found.shape} and "
+                         f"{reference_found.shape}.")
+    lost, gained = int(np.sum(reference_found & ~found)), int(np.sum(found & ~reference_found))
+    tosses = lost + gained
+    tail = sum(math.comb(tosses, i) for i in range(min(lost, gained) + 1)) / 2**tosses
+    return {"lost": lost, "gained": gained, "p": min(1.0, 2 * tail)}
 
 
 def _turned(embeddings, cosines, rng):
@@ -243,6 +277,7 @@ def retrieval_noise_control(queries, documents, query_cosines, document_cosines,
     shares = [retrieval_top1(_turned(queries, query_cosines, rng), _turned(documents, document_cosines, rng))
               for _ in range(draws)]
     return float(np.mean(shares)), float(np.std(shares))
+
 
 def embedding_scores(swapped, exact):
     """How a variant's embeddings relate to the exact model's, with the controls. Notebooks 09 and 10.

@@ -363,6 +363,12 @@ def test_results_cover_every_row_of_the_table_on_heldout_passages(results):
         assert 0 <= row["retrieval_control"] <= 1 and row["half_cosine"] <= 1.0 + 1e-9
         if row["training"] != "none":  # a trained variant keeps each passage's own direction
             assert row["cosine"] - row["control"] > 0.3 and row["identification"] > 0.9
+    exact_found = np.array(results["rows"][0]["retrieval_found"])
+    for row in results["rows"]:  # the paired counts are those of the stored per-passage hits
+        found = np.array(row["retrieval_found"])
+        assert len(found) == results["heldout_passages"] and found.sum() == row["retrieval_hits"]
+        assert swap_in.paired_retrieval(found, exact_found) == {
+            "lost": row["retrieval_lost"], "gained": row["retrieval_gained"], "p": row["retrieval_p"]}
 
 
 def test_the_stored_files_stay_small():

@@ -119,8 +119,27 @@ def test_retrieval_top1_counts_own_documents():
     docs = np.eye(4)
     assert swap_in.retrieval_top1(docs, docs) == 1.0
     assert swap_in.retrieval_top1(docs[[1, 0, 2, 3]], docs) == 0.5
+    assert swap_in.retrieval_found(docs[[1, 0, 2, 3]], docs).tolist() == [False, False, True, True]
     with pytest.raises(ValueError, match="queries and documents"):
         swap_in.retrieval_top1(docs, docs[:3])
+
+
+@pytest.mark.parametrize("lost, gained, both, p", [
+    (0, 0, 5, 1.0),  # never disagree
+    (2, 1, 3, 1.0),  # tail (1 + 3) / 8 = 0.5, doubled
+    (4, 1, 0, 0.375),  # (1 + 5) / 32, doubled
+    (5, 0, 2, 0.0625),  # 1 / 32, doubled
+    (0, 6, 1, 0.03125),  # 1 / 64, doubled: the test is symmetric
+])
+def test_paired_retrieval_counts_the_texts_where_the_models_disagree(lost, gained, both, p):
+    reference = np.array([True] * lost + [False] * gained + [True] * both + [False] * 3)
+    found = np.array([False] * lost + [True] * gained + [True] * both + [False] * 3)
+    assert swap_in.paired_retrieval(found, reference) == {"lost": lost, "gained": gained, "p": pytest.approx(p)}
+
+
+def test_paired_retrieval_refuses_texts_that_do_not_pair():
+    with pytest.raises(ValueError, match=r"found and reference_found must be \(t,\) booleans for the same texts"):
+        swap_in.paired_retrieval([True, False], [True, False, True])
 
 
 def _unit(x):

@@ -77,7 +77,9 @@ def score(name, model, heldout, exact, rows, **info):
     result = evaluate.heldout_scores(model, heldout, exact)
     rows.append({"name": name, **info, **{k: v for k, v in result.items()}})
     print(f"  {name}: cosine {result['cosine']:.3f} (control {result['control']:.3f}), centred "
-          f"{result['centred_cosine']:.3f}, retrieval {result['retrieval_hits']}/{len(heldout)}", flush=True)
+          f"{result['centred_cosine']:.3f}, retrieval {result['retrieval_hits']}/{len(heldout)} (against exact: "
+          f"{result['retrieval_lost']} lost, {result['retrieval_gained']} gained, p = {result['retrieval_p']:.2f})",
+          flush=True)
     return result
 
 
@@ -150,6 +152,7 @@ def main(argv=None):
     exact_row = {"name": "exact", "training": "none", "cosine": 1.0, "control": float(np.mean(
         (exact["embeddings"] @ exact["embeddings"].T)[~np.eye(len(heldout), dtype=bool)])), "centred_cosine": 1.0,
         "identification": 1.0, "retrieval": exact["retrieval"], "retrieval_hits": exact["retrieval_hits"],
+        "retrieval_found": exact["retrieval_found"], "retrieval_lost": 0, "retrieval_gained": 0, "retrieval_p": 1.0,
         "half_cosine": 1.0, "retrieval_control": exact["retrieval"]}
     print(f"  exact: retrieval {exact['retrieval_hits']}/{len(heldout)}", flush=True)
     CONTEXT.update(args=args, out=out, model=model, heldout=heldout, exact=exact, stage1_texts=(token_ids, key_mask),

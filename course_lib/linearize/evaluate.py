@@ -35,8 +35,10 @@ def heldout_scores(model, texts, exact, *, max_length=256, retrieval=True):
         A dict: ``cosine``, ``control``, ``centred_cosine``, ``identification`` (see
         ``swap_in.embedding_scores``), ``cosines`` (one per text); with ``retrieval``, also
         ``retrieval`` (top-1 share, first halves retrieving second halves), ``retrieval_hits``
-        (how many), ``half_cosine`` (the mean cosine of the half-passage embeddings to the
-        exact model's) and ``retrieval_control`` (``swap_in.retrieval_noise_control`` at those
+        (how many), ``retrieval_found`` (which texts, a list of bools), ``retrieval_lost``,
+        ``retrieval_gained`` and ``retrieval_p`` (``swap_in.paired_retrieval`` against the exact
+        model, text by text), ``half_cosine`` (the mean cosine of the half-passage embeddings to
+        the exact model's) and ``retrieval_control`` (``swap_in.retrieval_noise_control`` at those
         cosines: the exact model's retrieval under an unstructured error of the same size).
     """
     if isinstance(texts, str) or not texts or not all(isinstance(t, str) for t in texts):
@@ -49,8 +51,11 @@ def heldout_scores(model, texts, exact, *, max_length=256, retrieval=True):
     if retrieval:
         queries, documents = (swap_in.embeddings(model, half, max_length=max_length)
                               for half in swap_in.split_halves(texts))
-        scores["retrieval"] = swap_in.retrieval_top1(queries, documents)
-        scores["retrieval_hits"] = round(scores["retrieval"] * len(texts))
+        found = swap_in.retrieval_found(queries, documents)  # (t,)
+        scores["retrieval"], scores["retrieval_hits"] = float(found.mean()), int(found.sum())
+        scores["retrieval_found"] = found.tolist()
+        scores.update({f"retrieval_{key}": value for key, value in swap_in.paired_retrieval(
+            found, exact["retrieval_found"]).items()})
         query_cosines, document_cosines = (np.einsum("td,td->t", mine.astype(np.float64), theirs)
                                            for mine, theirs in ((queries, exact["queries"]),
                                                                 (documents, exact["documents"])))
@@ -66,9 +71,9 @@ def exact_reference(model, texts, *, max_length=256):
     embeddings = swap_in.embeddings(model, texts, max_length=max_length)  # (t, d_model)
     queries, documents = (swap_in.embeddings(model, half, max_length=max_length).astype(np.float64)
                           for half in swap_in.split_halves(texts))
-    retrieval = swap_in.retrieval_top1(queries, documents)
-    return {"embeddings": embeddings, "queries": queries, "documents": documents, "retrieval": retrieval,
-            "retrieval_hits": round(retrieval * len(texts))}
+    found = swap_in.retrieval_found(queries, documents)  # (t,)
+    return {"embeddings": embeddings, "queries": queries, "documents": documents, "retrieval": float(found.mean()),
+            "retrieval_hits": int(found.sum()), "retrieval_found": found.tolist()}
 
 
 def variant_weights(variant, q, k, *, key_mask=None, kernel=None, omega=None):
