@@ -53,7 +53,7 @@ exercise_8_1 = Exercise("8.1", "positive random features", _positive_reference, 
 
 # --- Exercise 8.2: how many features? Lemma 2, predicted then measured --------------------------
 
-def _needed(x, y, rel_error, *, z_for_positive=True, square=True, relative=True, ceil=True, half=True):
+def _needed(x, y, rel_error, *, z_for_positive=True, square=True, relative=True, rounding=np.ceil, half=True):
     """m for a relative RMS error ``rel_error`` on exp(xᵀy) (Eq. 8.3), made with optional slips."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     z_sq, delta_sq = np.sum((x + y) ** 2, axis=-1), np.sum((x - y) ** 2, axis=-1)  # (...,)
@@ -63,7 +63,6 @@ def _needed(x, y, rel_error, *, z_for_positive=True, square=True, relative=True,
     trig = np.exp(z_sq) * sm**-4 * (1 - np.exp(-delta_sq)) ** 2 / (2 if half else 1)  # MSE_trig / SM², times m
     if not relative:
         positive, trig = positive * sm**2, trig * sm**2
-    rounding = np.ceil if ceil else np.floor
     return rounding(positive / target).astype(np.int64), rounding(trig / target).astype(np.int64)
 
 
@@ -83,8 +82,11 @@ MISTAKES_8_2 = (
             "exp(2 xᵀy) first."),
     Mistake("trig-without-half", lambda *a: _needed(*a, half=False),
             "the trig MSE of Eq. (8.3) has 1 / (2m): m frequencies give 2m features (sin and cos)."),
-    Mistake("rounded-down", lambda *a: _needed(*a, ceil=False),
+    Mistake("rounded-down", lambda *a: _needed(*a, rounding=np.floor),
             "the smallest m whose error is at most rel_error: round up (np.ceil), rounding down misses the target."),
+    Mistake("rounded-to-nearest", lambda *a: _needed(*a, rounding=np.round),
+            "np.round (or int(x + 0.5)) rounds to the NEAREST integer: whenever it rounds down, that m misses the "
+            "target. The smallest m with an error at most rel_error is the next integer up: np.ceil."),
 )
 
 
