@@ -91,7 +91,7 @@ def uniform_kernel():
 
 
 def linear_kernel(feature_map=elu_feature_map):
-    """Linear attention with ``feature_map`` (elu+1). Notebook 06, Eq. (6.2)."""
+    """Linear attention with ``feature_map`` (elu+1). Notebook 06, Eq. (6.3)."""
     def linear(q, k, v, *, causal=False, key_mask=None):
         _encoder_only(causal)
         return linear_attention(q, k, v, feature_map=feature_map, key_mask=key_mask)  # (b, h, n, e)
@@ -243,6 +243,83 @@ def paired_retrieval(found, reference_found):
     return {"lost": lost, "gained": gained, "p": min(1.0, 2 * tail)}
 
 
+def reciprocal_ranks(queries, documents):
+    """1 / the rank of each query's own document among all documents (cosine), ``(t,)``. Notebook 10, Section 10.6.
+
+    Rank 1 is the most similar document; a document exactly as similar as the query's own
+    counts as ranked above it (ties never flatter a model).  Their mean is the mean reciprocal
+    rank: 1 when every query ranks its own document first, about ``ln(t) / t`` at chance.
+
+    Args:
+        queries, documents: as for ``retrieval_found``.
+    """
+    queries, documents = np.asarray(queries, np.float64), np.asarray(documents, np.float64)
+    if queries.shape != documents.shape or queries.ndim != 2:
+        raise ValueError(f"queries and documents must both be (t, d_model), got {queries.shape} and {documents.shape}.")
+    similarity = queries @ documents.T  # (t, t)
+    own = np.diag(similarity)[:, None]  # (t, 1)
+    rank = (similarity >= own).sum(axis=1)  # the own document itself and every one at least as similar
+    return 1.0 / rank
+
+
+def mean_reciprocal_rank(queries, documents):
+    """The mean of ``reciprocal_ranks``: a ranking score over all documents, in (0, 1]. Notebook 10, Section 10.6."""
+    return float(np.mean(reciprocal_ranks(queries, documents)))
+
+
+def _signed_rank_counts(doubled_ranks):
+    """How many of the 2^t sign patterns give each sum of the positive (doubled) ranks: index = the sum."""
+    counts = np.zeros(int(sum(doubled_ranks)) + 1)
+    counts[0] = 1.0  # float64 counts stay exact up to 2^53 patterns: t ≤ 53 paired texts
+    for r in doubled_ranks:
+        counts[r:] = counts[r:] + counts[:len(counts) - r].copy()
+    return counts
+
+
+def paired_rank_test(scores, reference_scores):
+    """A variant's per-text scores against the reference's on the same texts: Wilcoxon's signed-rank test. Notebook 10.
+
+    The differences ``scores - reference_scores`` are ranked by size (equal sizes share their
+    mean rank; texts with no difference are dropped, Wilcoxon's rule); the statistic is the sum
+    of the ranks of the positive differences.  Under "neither is better" every difference is
+    as likely positive as negative, so all 2^t sign patterns are equally likely: the exact
+    p-value counts them (no normal approximation), two-sided.
+
+    Args:
+        scores, reference_scores: ``(t,)`` floats for the same texts (e.g. ``reciprocal_ranks``
+            of a variant and of the exact model); at most 53 texts may differ.
+
+    Returns:
+        A dict: ``better`` (texts where the variant scores higher), ``worse`` (lower),
+        ``statistic`` (the sum of the positive ranks) and ``p`` (two-sided; 1.0 when no text
+        differs).
+    """
+    scores, reference_scores = np.asarray(scores, np.float64), np.asarray(reference_scores, np.float64)
+    if scores.shape != reference_scores.shape or scores.ndim != 1:
+        raise ValueError(f"scores and reference_scores must be (t,) floats for the same texts, got {scores.shape} and "
+                         f"{reference_scores.shape}.")
+    difference = np.round(scores - reference_scores, 12)  # equal differences reached by other roundings tie
+    difference = difference[difference != 0]
+    if len(difference) > 53:
+        raise ValueError(f"at most 53 texts may differ for the exact test, got {len(difference)}.")
+    size = np.abs(difference)
+    order = np.argsort(size, kind="stable")
+    doubled = np.empty(len(size), dtype=np.int64)  # twice the mean rank: an integer even with ties
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and size[order[j + 1]] == size[order[i]]:
+            j += 1
+        doubled[order[i:j + 1]] = i + j + 2  # ranks i + 1 … j + 1, their mean doubled
+        i = j + 1
+    positive = int(doubled[difference > 0].sum())
+    counts = _signed_rank_counts(doubled.tolist())
+    below, above = counts[:positive + 1].sum(), counts[positive:].sum()
+    p = 1.0 if len(difference) == 0 else min(1.0, 2 * min(below, above) / counts.sum())
+    return {"better": int(np.sum(difference > 0)), "worse": int(np.sum(difference < 0)), "statistic": positive / 2,
+            "p": float(p)}
+
+
 def _turned(embeddings, cosines, rng):
     """Each unit row of ``embeddings`` turned by a random direction to cosine ``cosines[i]`` with itself."""
     noise = rng.standard_normal(embeddings.shape)  # (t, d_model)
@@ -277,6 +354,25 @@ def retrieval_noise_control(queries, documents, query_cosines, document_cosines,
     shares = [retrieval_top1(_turned(queries, query_cosines, rng), _turned(documents, document_cosines, rng))
               for _ in range(draws)]
     return float(np.mean(shares)), float(np.std(shares))
+
+
+def ranking_noise_control(queries, documents, query_cosines, document_cosines, *, draws=200, seed=0):
+    """``retrieval_noise_control`` for ``mean_reciprocal_rank``: the exact MRR under a random error. Notebook 10.
+
+    The same random turns (same arguments, same seed) scored by the mean reciprocal rank instead
+    of the top-1 share.
+
+    Returns:
+        ``(mean, sd)`` of the mean reciprocal rank over the draws.
+    """
+    queries, documents = np.asarray(queries, np.float64), np.asarray(documents, np.float64)
+    if queries.shape != documents.shape or not len(query_cosines) == len(document_cosines) == len(queries):
+        raise ValueError(f"queries and documents must both be (t, d_model) with t cosines each, got {queries.shape}, "
+                         f"{documents.shape}, {len(query_cosines)} and {len(document_cosines)} cosines.")
+    rng = np.random.default_rng(seed)
+    scores = [mean_reciprocal_rank(_turned(queries, query_cosines, rng), _turned(documents, document_cosines, rng))
+              for _ in range(draws)]
+    return float(np.mean(scores)), float(np.std(scores))
 
 
 def embedding_scores(swapped, exact):

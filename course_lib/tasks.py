@@ -2,8 +2,9 @@
 
 The corpus (notebooks 02–04, 09) is real English prose that ships with Python itself: the
 help texts of the Python Language Reference that ``help("topic")`` shows, stored in the
-standard-library module ``pydoc_data.topics``.  Training tasks for the later lessons follow
-the corpus section.
+standard-library module ``pydoc_data.topics``.  A second source, never trained on, scores
+notebook 10's models on other text: the standard library's module docstrings.  Training tasks
+for the later lessons follow the corpus section.
 """
 
 import functools
@@ -118,6 +119,49 @@ def passage_split(n_train, n_heldout, min_tokens=256, tokenizer=None):
         raise ValueError(f"n_train must be between 0 and {free} (the passages of at least {min_tokens} tokens "
                          f"that are not held out), got {n_train}.")
     return list(passages[:n_train]), list(passages[free:free + n_heldout])
+
+
+DOCSTRING_SOURCE = "the module docstrings of the Python standard library (a second text source, never trained on)"
+_NOT_LIBRARY = {"test", "tests", "idle_test", "idlelib", "turtledemo", "lib2to3", "ensurepip", "site-packages",
+                "dist-packages", "__pycache__"}  # test suites, applications and installed packages
+
+
+@functools.lru_cache(maxsize=4)
+def module_docstrings(min_words=40, max_words=180):
+    """The docstrings of the standard library's public modules: a second text source. Notebook 10, Section 10.6.
+
+    Every lesson and tool trains on ``english_paragraphs()`` (the Language Reference help
+    texts); these docstrings are another kind of English about Python, never trained on.  The
+    ``.py`` files under the standard library's directory are read in sorted path order (never
+    imported: a module's docstring is parsed from its source), test suites, applications
+    (``idlelib``, ``turtledemo``, ``lib2to3``) and private modules (a name part starting with
+    ``_``) left out; a docstring is kept, its whitespace collapsed to single spaces, when it has
+    ``min_words`` to ``max_words`` words and no module before it has the same one.
+
+    Returns:
+        A tuple of ``(module name, docstring)`` pairs (the same on every machine with the same
+        Python version).
+    """
+    import ast
+    import pathlib
+    import sysconfig
+
+    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+    kept, seen = [], set()
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        if (_NOT_LIBRARY & set(parts) or parts[-1] == "__main__"
+                or any(part.startswith("_") and part != "__init__" for part in parts)):
+            continue
+        try:
+            docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue  # a file that is not Python 3 source of this version
+        text = " ".join((docstring or "").split())
+        if min_words <= len(text.split()) <= max_words and text not in seen:
+            kept.append((".".join(parts[:-1] if parts[-1] == "__init__" else parts), text))
+            seen.add(text)
+    return tuple(kept)
 
 
 _TOKENIZERS = {}

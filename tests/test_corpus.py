@@ -71,3 +71,16 @@ def test_passage_split_refuses_to_train_on_heldout(tokenizer):
         tasks.passage_split(total - tasks.HELDOUT_PASSAGES + 1, 1, min_tokens=256, tokenizer=tokenizer)
     with pytest.raises(ValueError, match="n_heldout"):
         tasks.passage_split(1, tasks.HELDOUT_PASSAGES + 1, min_tokens=256, tokenizer=tokenizer)
+
+
+def test_module_docstrings_are_a_second_source_never_trained_on():
+    docstrings = tasks.module_docstrings()
+    names, texts = zip(*docstrings, strict=True)
+    assert len(docstrings) >= 48 and list(names) == sorted(names, key=lambda n: n.replace(".", "/"))  # path order
+    assert len(set(texts)) == len(texts) and all(40 <= len(t.split()) <= 180 for t in texts)
+    assert not any(part.startswith("_") for name in names for part in name.split("."))
+    assert not any(part in ("test", "tests", "idlelib") for name in names for part in name.split("."))
+    training = " ".join(tasks.english_paragraphs())
+    assert not any(text in training for text in texts)  # none of them is in the training source
+    tasks.module_docstrings.cache_clear()
+    assert tasks.module_docstrings() == docstrings  # the same on every call

@@ -376,3 +376,24 @@ def test_the_stored_files_stay_small():
     files = sorted(data_path("linearized_results.json").parent.glob("linearized_*"))
     assert len(files) == len(linearize.NAMES) + 2  # the models, the checkpoints and the results
     assert all(f.stat().st_size < 3e6 for f in files), {f.name: f.stat().st_size for f in files}
+
+
+def test_the_stored_ranking_scores_and_second_source_are_those_of_their_per_text_ranks(results):
+    # python tools/train_linearized.py --score-only: the mean reciprocal rank of every stored model with its
+    # paired test against the exact model, on the held-out passages and on the module docstrings
+    from course_lib.tasks import module_docstrings
+
+    second = results["second_source"]
+    assert second["texts"] == len(module_docstrings()) and results["score_command"].endswith("--score-only")
+    for rows, size in ((results["rows"], results["heldout_passages"]), (second["rows"], second["texts"])):
+        reference = np.array(rows[0]["reciprocal_ranks"])
+        for row in rows:
+            if "mrr" not in row:
+                continue  # Linformer's stage-1 E, F are not stored: that row was not re-scored
+            ranks = np.array(row["reciprocal_ranks"])
+            assert len(ranks) == size and np.isclose(ranks.mean(), row["mrr"]) and (ranks <= 1).all()
+            assert np.allclose(1 / ranks, np.round(1 / ranks))  # 1 / an integer rank
+            test = swap_in.paired_rank_test(ranks, reference)
+            assert test == {key: pytest.approx(row[f"mrr_{key}"]) for key in ("better", "worse", "statistic", "p")}
+    points = results["reference_points"]["held-out passages"]
+    assert min(points["exact model in float16"]) > 0.999 > np.mean(points["exact model, one word dropped"])

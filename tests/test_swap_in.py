@@ -142,6 +142,41 @@ def test_paired_retrieval_refuses_texts_that_do_not_pair():
         swap_in.paired_retrieval([True, False], [True, False, True])
 
 
+def test_reciprocal_ranks_rank_each_query_own_document_among_all():
+    documents = np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])
+    # query 0 is nearest its own; query 1 sits between documents 0 and 1 but nearer 0: its own is second;
+    # query 2 ranks document 1 (cosine 0.6) above its own (0.28) and document 0 (-0.28) below: second
+    queries = np.array([[1.0, 0.0], [0.8, 0.6], [-0.28, 0.96]])
+    np.testing.assert_allclose(swap_in.reciprocal_ranks(queries, documents), [1.0, 0.5, 0.5])
+    assert swap_in.mean_reciprocal_rank(queries, documents) == pytest.approx(2 / 3)
+    # a tie with another document counts against the query: e_1 against [e_0, e_2, e_3] are all at 0
+    np.testing.assert_allclose(swap_in.reciprocal_ranks(np.eye(4)[[1, 0, 2, 3]], np.eye(4)), [0.25, 0.25, 1, 1])
+    with pytest.raises(ValueError, match="queries and documents"):
+        swap_in.reciprocal_ranks(queries, documents[:2])
+
+
+@pytest.mark.parametrize("scores, reference, expected", [
+    ([1, 2, 3], [0, 0, 0], {"better": 3, "worse": 0, "statistic": 6, "p": 0.25}),  # 1 of 8 patterns as high, doubled
+    ([0, 0, 0], [1, -2, 3], {"better": 1, "worse": 2, "statistic": 2, "p": 0.75}),  # sums 0,1,2,3,3,4,5,6: 3/8 ≤ 2
+    ([1, -1, 2], [0, 0, 0], {"better": 2, "worse": 1, "statistic": 4.5, "p": 0.75}),  # a tie: ranks 1.5, 1.5, 3
+    ([0.5, 0.5, 1 / 3], [0.5, 1, 1], {"better": 0, "worse": 2, "statistic": 0, "p": 0.5}),  # 1 of 4 patterns, doubled
+    ([1, 2], [1, 2], {"better": 0, "worse": 0, "statistic": 0, "p": 1.0}),  # no text differs
+])
+def test_paired_rank_test_against_hand_counted_sign_patterns(scores, reference, expected):
+    assert swap_in.paired_rank_test(scores, reference) == {key: pytest.approx(value) for key, value in expected.items()}
+
+
+def test_paired_rank_test_equals_scipy_exact_wilcoxon_and_refuses_unpaired_scores():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(0)
+    for t in (6, 20, 48):
+        scores = rng.normal(size=t) + 0.3
+        expected = scipy_stats.wilcoxon(scores, method="exact").pvalue
+        assert swap_in.paired_rank_test(scores, np.zeros(t))["p"] == pytest.approx(expected, rel=1e-9)
+    with pytest.raises(ValueError, match=r"scores and reference_scores must be \(t,\) floats"):
+        swap_in.paired_rank_test([1.0, 2.0], [1.0, 2.0, 3.0])
+
+
 def _unit(x):
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
@@ -232,3 +267,16 @@ def test_with_module_replaces_the_attention_modules(model):
                                swap_in.embeddings(model, TEXTS, max_length=32), atol=1e-6)
     with pytest.raises(ValueError, match="layers must be indices"):
         swap_in.with_module(model, make, layers=[-1])
+
+
+def test_ranking_noise_control_is_the_exact_mrr_without_error_and_falls_with_the_error():
+    rng = np.random.default_rng(7)
+    queries = _unit(rng.standard_normal((30, 16)))
+    documents = _unit(queries + 0.3 * rng.standard_normal((30, 16)))
+    ones = np.ones(30)
+    exact = swap_in.mean_reciprocal_rank(queries, documents)
+    np.testing.assert_allclose(swap_in.ranking_noise_control(queries, documents, ones, ones, draws=5), (exact, 0.0),
+                               atol=1e-12)
+    scores = [swap_in.ranking_noise_control(queries, documents, c * ones, c * ones, draws=50)[0]
+              for c in (0.99, 0.6, 0)]
+    assert scores[0] > scores[1] > scores[2] and scores[2] < 0.3  # chance: (1 + 1/2 + … + 1/30) / 30 ≈ 0.13

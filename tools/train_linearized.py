@@ -2,6 +2,7 @@
 
     python tools/train_linearized.py                  write course_lib/data/linearized_*.{safetensors,json}
     python tools/train_linearized.py --quick --out /tmp/l10    a small run in a few minutes, for a look
+    python tools/train_linearized.py --score-only     re-score the stored models (no training): see below
 
 Every fit uses the *training* passages of ``course_lib.tasks.passage_split`` (the corpus's
 start); every score comes from its *held-out* passages (the corpus's end), which no stage sees.
@@ -20,6 +21,15 @@ every stage's wall time and process CPU time are stored):
 
 and it scores, on the same held-out passages, the exact model and the untrained swap-ins of
 lesson 09 (uniform attention, elu+1, FAVOR+, mean-pooling Linformer).
+
+``--score-only`` trains nothing: it loads the stored models of ``linearized_results.json``'s run
+and re-makes only scores in that file: each held-out row's ranking score (mean reciprocal rank
+with its paired test against the exact model), the second text source
+(``course_lib.tasks.module_docstrings``, never trained on), reference points for the cosine
+(the exact model in lower precision, and on its text with one word dropped) and what may
+explain a gap between the sources (token counts, one layer at a time, shorter passages).
+Every other field is kept as it is; a row whose cosine the stored model does not reproduce
+stops the run.  Linformer's stage-1 E, F are not stored, so that row gets no new scores.
 """
 
 import argparse
@@ -43,7 +53,7 @@ from course_lib import linearize as lin  # noqa: E402
 from course_lib import swap_in  # noqa: E402
 from course_lib.linearize import evaluate  # noqa: E402
 from course_lib.pretrained import load_minilm  # noqa: E402
-from course_lib.tasks import passage_split  # noqa: E402
+from course_lib.tasks import DOCSTRING_SOURCE, module_docstrings, passage_split  # noqa: E402
 from course_lib.torch.linformer import mean_pooling  # noqa: E402
 
 DATA = ROOT / "course_lib" / "data"
@@ -126,8 +136,12 @@ def main(argv=None):
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="processes that train the independent parts at once (default: one per CPU core)")
     parser.add_argument("--quick", action="store_true", help="tiny settings, for a look (needs --out)")
+    parser.add_argument("--score-only", action="store_true",
+                        help="train nothing: re-score the stored models and update only scores in the results file")
     parser.add_argument("--out", default=str(DATA))
     args = parser.parse_args(argv)
+    if args.score_only:
+        return score_stored(pathlib.Path(args.out), threads=args.jobs * args.threads)
     if args.quick:
         if pathlib.Path(args.out).resolve() == DATA.resolve():
             parser.error("--quick writes toy results: pass --out to keep them out of course_lib/data")
@@ -206,6 +220,125 @@ def main(argv=None):
     }
     (out / "linearized_results.json").write_text(json.dumps(results, indent=1) + "\n")
     print(f"wrote {out} in {results['total_wall_s']:.0f} s wall, {results['total_cpu_s']:.0f} s CPU", flush=True)
+
+
+RANKING_KEYS = ("mrr", "reciprocal_ranks", "mrr_better", "mrr_worse", "mrr_statistic", "mrr_p", "mrr_control")
+SECOND_KEYS = ("cosine", "control", "centred_cosine", "cosines", "retrieval_hits", "half_cosine", *RANKING_KEYS)
+
+
+def stored_models(model, settings):
+    """Row name → a model to score: the exact one, lesson 09's untrained swap-ins and every stored model."""
+    generator = torch.Generator().manual_seed(0)  # the same draw of FAVOR+'s omega as part_untrained
+    d, k, n = model.config.d_model // model.config.n_heads, settings["k"], settings["n"]
+    w = settings["window"]
+    return {"exact": model,
+            "uniform attention (mean of V)": model.with_attention(lin.uniform_kernel()),
+            "elu+1, untrained": model.with_attention(lin.elu_kernel()),
+            f"FAVOR+ (m = {settings['m']}), untrained": model.with_attention(
+                swap_in.performer_kernel(settings["m"], d, generator)),
+            f"Linformer (k = {k}), mean pooling, untrained": model.with_attention(
+                swap_in.linformer_kernel(mean_pooling(k, n), mean_pooling(k, n))),
+            "Hedgehog, stage 1": lin.load_linearized("hedgehog_stage1"),
+            "Hedgehog, stages 1 + 2": lin.load_linearized("hedgehog"),
+            f"Hedgehog + window (w = {w}), stage 1": lin.load_linearized("hedgehog_window_stage1"),
+            f"Hedgehog + window (w = {w}), stages 1 + 2": lin.load_linearized("hedgehog_window"),
+            "T2R, trained end to end": lin.load_linearized("t2r"),
+            f"Linformer (k = {k}), E, F learned + end to end": lin.load_linearized("linformer")}
+
+
+def exact_row_scores(exact, texts):
+    """The exact model's own row: cosine 1, its control, its ranking score (the reference of every paired test)."""
+    embeddings = exact["embeddings"].astype(np.float64)
+    ranks = np.array(exact["reciprocal_ranks"])
+    return {"cosine": 1.0, "control": float(np.mean((embeddings @ embeddings.T)[~np.eye(len(texts), dtype=bool)])),
+            "centred_cosine": 1.0, "cosines": [1.0] * len(texts), "retrieval_hits": exact["retrieval_hits"],
+            "half_cosine": 1.0, "mrr": float(ranks.mean()), "reciprocal_ranks": ranks.tolist(), "mrr_better": 0,
+            "mrr_worse": 0, "mrr_statistic": 0.0, "mrr_p": 1.0, "mrr_control": float(ranks.mean())}
+
+
+def reference_points(model, texts, exact, rng):
+    """What the exact model itself gives on a change that should not matter: the cosine's reference points."""
+    points = {}
+    for name, dtype in (("exact model in float16", torch.float16), ("exact model in bfloat16", torch.bfloat16)):
+        lower = swap_in.embeddings(copy.deepcopy(model).to(dtype), texts).astype(np.float64)
+        lower /= np.linalg.norm(lower, axis=1, keepdims=True)  # normalised in float64, not in the low precision
+        points[name] = np.einsum("td,td->t", lower, exact["embeddings"]).tolist()
+    dropped = []
+    for text in texts:  # one word, at a random place among the first 120 (inside the 256 tokens the model reads)
+        words = text.split()
+        i = int(rng.integers(min(len(words), 120)))
+        dropped.append(" ".join(words[:i] + words[i + 1:]))
+    points["exact model, one word dropped"] = np.einsum("td,td->t", swap_in.embeddings(model, dropped),
+                                                         exact["embeddings"]).tolist()
+    return points
+
+
+def token_statistics(tokenizer, texts, n):
+    """Tokens per text (cut at n) and per half, and the shares of word pieces and of tokens that are not words."""
+    encoded = tokenizer.encode_batch(list(texts))
+    tokens = [e.tokens[1:-1][:n - 2] for e in encoded]  # without [CLS] and [SEP]
+    flat = [t for text in tokens for t in text]
+    halves = [len(e.ids) for half in swap_in.split_halves(list(texts)) for e in tokenizer.encode_batch(half)]
+    return {"tokens": float(np.mean([len(t) + 2 for t in tokens])), "half_tokens": float(np.mean(halves)),
+            "word_pieces": float(np.mean([t.startswith("##") for t in flat])),
+            "not_words": float(np.mean([not t.lstrip("#").isalpha() for t in flat]))}
+
+
+def score_stored(out, *, threads):
+    """``--score-only``: the ranking scores, the second source and the reference points, from the stored models."""
+    torch.set_num_threads(threads)
+    path = out / "linearized_results.json"
+    results = json.loads(path.read_text())
+    settings, start = results["settings"], time.perf_counter()
+    model = load_minilm()
+    _, heldout = passage_split(settings["train"], settings["heldout"], min_tokens=settings["n"],
+                               tokenizer=model.tokenizer)
+    docstrings = [text for _, text in module_docstrings()]
+    models = stored_models(model, settings)
+    sources = {"held-out passages": heldout, "module docstrings": docstrings}
+    exact = {name: evaluate.exact_reference(model, texts) for name, texts in sources.items()}
+    second = []
+    for row in results["rows"]:
+        name = row["name"]
+        if name not in models:
+            print(f"  {name}: not stored, kept as it is", flush=True)
+            continue
+        if name == "exact":
+            held = exact_row_scores(exact["held-out passages"], heldout)
+            row.update({key: held[key] for key in RANKING_KEYS})
+            second.append({"name": name, **exact_row_scores(exact["module docstrings"], docstrings)})
+            continue
+        new = evaluate.heldout_scores(models[name], heldout, exact["held-out passages"])
+        if abs(new["cosine"] - row["cosine"]) > 1e-4:
+            raise SystemExit(f"{name}: the stored model gives cosine {new['cosine']:.4f}, the file {row['cosine']:.4f}")
+        row.update({key: new[key] for key in RANKING_KEYS})
+        other = evaluate.heldout_scores(models[name], docstrings, exact["module docstrings"])
+        second.append({"name": name, **{key: other[key] for key in SECOND_KEYS}})
+        print(f"  {name}: MRR {new['mrr']:.3f} (p = {new['mrr_p']:.2f}); docstrings: cosine {other['cosine']:.3f} "
+              f"(control {other['control']:.2f}), MRR {other['mrr']:.3f} (p = {other['mrr_p']:.2f})", flush=True)
+    rng = np.random.default_rng(0)
+    points = {name: reference_points(model, texts, exact[name], rng) for name, texts in sources.items()}
+    one_layer = []  # the stage-1 map in one layer of the exact model, on the second source
+    stage1 = models["Hedgehog, stage 1"]
+    for i in range(model.config.n_layers):
+        single = copy.deepcopy(model)
+        single.layers[i].attention = stage1.layers[i].attention
+        one_layer.append(evaluate.heldout_scores(single, docstrings, exact["module docstrings"],
+                                                 retrieval=False)["cosine"])
+    shorter = {}  # the held-out passages cut to 128 tokens: is the second source's gap its shorter texts?
+    short_exact = evaluate.exact_reference(model, heldout, max_length=128)
+    for name in ("Hedgehog, stages 1 + 2", f"Hedgehog + window (w = {settings['window']}), stages 1 + 2"):
+        shorter[name] = evaluate.heldout_scores(models[name], heldout, short_exact, max_length=128,
+                                                retrieval=False)["cosine"]
+    results["second_source"] = {
+        "source": DOCSTRING_SOURCE, "texts": len(docstrings), "words": [40, 180], "rows": second,
+        "tokens": {name: token_statistics(model.tokenizer, texts, settings["n"]) for name, texts in sources.items()},
+        "one_layer_cosines": one_layer, "heldout_at_128_tokens": shorter}
+    results["reference_points"] = points
+    results["score_command"] = COMMAND + " --score-only"
+    results["score_wall_s"] = time.perf_counter() - start
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"re-scored {path} in {results['score_wall_s']:.0f} s", flush=True)
 
 
 CONTEXT = {}  # what every part reads: set by main before the parts run (inherited by forked processes)

@@ -2,10 +2,11 @@
 
 Implements notebook 10, Sections 10.1 and 10.6.  ``heldout_scores`` measures a MiniLM-like
 model against the exact one on texts it was not trained on: the embedding cosine with its
-controls (``course_lib.swap_in.embedding_scores``) and a retrieval score that needs no
-download (``swap_in.retrieval_top1`` on ``swap_in.split_halves``).  The attention helpers
-form the n × s weights of softmax, elu+1, FAVOR+ and a learned kernel from the same q, k,
-and measure their rows: entropy (Eq. 10.1) and how monotonically they follow qᵀk.
+controls (``course_lib.swap_in.embedding_scores``) and retrieval scores that need no
+download (``swap_in.retrieval_top1`` and the ranking score ``swap_in.mean_reciprocal_rank``,
+on ``swap_in.split_halves``).  The attention helpers form the n × s weights of softmax,
+elu+1, FAVOR+ and a learned kernel from the same q, k, and measure their rows: entropy
+(Eq. 10.1) and how monotonically they follow qᵀk.
 """
 
 import math
@@ -39,7 +40,11 @@ def heldout_scores(model, texts, exact, *, max_length=256, retrieval=True):
         ``retrieval_gained`` and ``retrieval_p`` (``swap_in.paired_retrieval`` against the exact
         model, text by text), ``half_cosine`` (the mean cosine of the half-passage embeddings to
         the exact model's) and ``retrieval_control`` (``swap_in.retrieval_noise_control`` at those
-        cosines: the exact model's retrieval under an unstructured error of the same size).
+        cosines: the exact model's retrieval under an unstructured error of the same size); the
+        ranking score over all second halves: ``mrr`` (``swap_in.mean_reciprocal_rank``),
+        ``reciprocal_ranks`` (one per text), ``mrr_better``, ``mrr_worse``, ``mrr_statistic`` and
+        ``mrr_p`` (``swap_in.paired_rank_test`` against the exact model's reciprocal ranks) and
+        ``mrr_control`` (``swap_in.ranking_noise_control``).
     """
     if isinstance(texts, str) or not texts or not all(isinstance(t, str) for t in texts):
         raise TypeError("texts must be a non-empty list of strings.")
@@ -62,6 +67,12 @@ def heldout_scores(model, texts, exact, *, max_length=256, retrieval=True):
         scores["half_cosine"] = float(np.concatenate([query_cosines, document_cosines]).mean())
         scores["retrieval_control"] = swap_in.retrieval_noise_control(exact["queries"], exact["documents"],
                                                                       query_cosines, document_cosines)[0]
+        ranks = swap_in.reciprocal_ranks(queries, documents)  # (t,)
+        scores["mrr"], scores["reciprocal_ranks"] = float(ranks.mean()), ranks.tolist()
+        scores.update({f"mrr_{key}": value for key, value in swap_in.paired_rank_test(
+            ranks, exact["reciprocal_ranks"]).items()})
+        scores["mrr_control"] = swap_in.ranking_noise_control(exact["queries"], exact["documents"], query_cosines,
+                                                              document_cosines)[0]
     scores["cosines"] = np.einsum("td,td->t", embeddings.astype(np.float64), exact["embeddings"]).tolist()
     return scores
 
@@ -73,7 +84,8 @@ def exact_reference(model, texts, *, max_length=256):
                           for half in swap_in.split_halves(texts))
     found = swap_in.retrieval_found(queries, documents)  # (t,)
     return {"embeddings": embeddings, "queries": queries, "documents": documents, "retrieval": float(found.mean()),
-            "retrieval_hits": int(found.sum()), "retrieval_found": found.tolist()}
+            "retrieval_hits": int(found.sum()), "retrieval_found": found.tolist(),
+            "reciprocal_ranks": swap_in.reciprocal_ranks(queries, documents).tolist()}
 
 
 def variant_weights(variant, q, k, *, key_mask=None, kernel=None, omega=None):

@@ -28,20 +28,27 @@ def weights_against_scores(scores, rows, *, title, height=400):
     return fig.update_yaxes(exponentformat="power")
 
 
-def results_bars(rows, exact_retrieval, *, title, height=520):
-    """Held-out cosine and retrieval top-1 for every row of the results table, each control as a marker."""
+def results_bars(rows, exact_retrieval, *, title, height=520, score="retrieval"):
+    """Held-out cosine and a retrieval score for every row of the results table, each control as a marker.
+
+    ``score``: ``"retrieval"`` (top-1 share, control ``retrieval_control``) or ``"mrr"`` (mean
+    reciprocal rank, control ``mrr_control``); ``exact_retrieval`` is the exact model's value of it.
+    """
+    if score not in ("retrieval", "mrr"):
+        raise ValueError(f"score must be 'retrieval' or 'mrr', got {score!r}.")
+    label = {"retrieval": "retrieval top-1", "mrr": "mean reciprocal rank"}[score]
     names = [r["name"] for r in rows]
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.03,
-                        subplot_titles=("embedding cosine to the exact model", "retrieval top-1"))
+                        subplot_titles=("embedding cosine to the exact model", label))
     fig.add_trace(go.Bar(x=viz.rounded([r["cosine"] for r in rows], 3), y=names, orientation="h", name="cosine",
                          marker_color=viz.COLORS[0]), row=1, col=1)
     fig.add_trace(go.Scatter(x=viz.rounded([r["control"] for r in rows], 3), y=names, mode="markers",
                              name="control: other passages", marker=dict(symbol="line-ns-open", size=14,
                                                                          color="black")), row=1, col=1)
-    fig.add_trace(go.Bar(x=viz.rounded([r["retrieval"] for r in rows], 3), y=names, orientation="h",
-                         name="retrieval top-1", marker_color=viz.COLORS[2]), row=1, col=2)
-    if all("retrieval_control" in r for r in rows):  # the exact model under a random error of each row's size
-        fig.add_trace(go.Scatter(x=viz.rounded([r["retrieval_control"] for r in rows], 3), y=names, mode="markers",
+    fig.add_trace(go.Bar(x=viz.rounded([r[score] for r in rows], 3), y=names, orientation="h",
+                         name=label, marker_color=viz.COLORS[2]), row=1, col=2)
+    if all(f"{score}_control" in r for r in rows):  # the exact model under a random error of each row's size
+        fig.add_trace(go.Scatter(x=viz.rounded([r[f"{score}_control"] for r in rows], 3), y=names, mode="markers",
                                  name="control: exact, random error", marker=dict(symbol="line-ns-open", size=14,
                                                                                    color="black")), row=1, col=2)
     fig.add_vline(x=float(viz.rounded(exact_retrieval, 3)), line_dash="dot", line_color="black", row=1, col=2)
