@@ -1,5 +1,5 @@
-"""Checks for the lesson 10 exercises (linearizing: Hedgehog's map, the distillation loss, honest scores, the
-window of Eq. 10.9 in linear memory)."""
+"""Checks for the lesson 10 exercises (linearizing: Hedgehog's map, the distillation loss, the leak in a split of
+overlapping windows, the window of Eq. 10.9 in linear memory)."""
 
 import tracemalloc
 
@@ -69,7 +69,7 @@ exercise_10_1 = Exercise("10.1", "Hedgehog's feature map", _hedgehog_reference, 
 
 # --- Exercise 10.2: the attention-distillation loss -----------------------------------------
 
-def _loss(*, key_axis=-1, sum_axis=-1, mask_keys=True, mask_rows=True, reverse=False):
+def _loss(*, key_axis=-1, sum_axis=-1, mask_keys=True, mask_rows=True, reverse=False, rows="real"):
     """Eq. (10.6) for linear attention's weights (Eq. 10.2), made with optional slips."""
     def loss(P, phi_q, phi_k, key_mask):
         kernel = np.einsum("...nf,...sf->...ns", phi_q, phi_k)  # (..., n, s)
@@ -83,7 +83,9 @@ def _loss(*, key_axis=-1, sum_axis=-1, mask_keys=True, mask_rows=True, reverse=F
         per_row = terms.sum(axis=sum_axis)  # (..., n)
         if not mask_rows:
             return float(per_row.mean())
-        return float(per_row[np.broadcast_to(key_mask, per_row.shape)].mean())
+        real = per_row[np.broadcast_to(key_mask, per_row.shape)]  # the real rows of every text and head
+        count = {"real": real.size, "all": per_row.size, "tokens": key_mask.sum()}[rows]
+        return float(real.sum() / count)
     return loss
 
 
@@ -105,6 +107,13 @@ MISTAKES_10_2 = (
     Mistake("padded-rows-counted", _loss(mask_rows=False),
             "a query at a padded position is never read: average the loss over the real query rows only (the "
             "key mask, with n = s, also marks the real queries)."),
+    Mistake("divided-by-every-row", _loss(rows="all"),
+            "you summed the real rows' losses but divided by every row, the padded ones too: the mean is over "
+            "the real query rows, so divide by their count (or take .mean() of the masked rows)."),
+    Mistake("rows-counted-once-per-text", _loss(rows="tokens"),
+            "you divided by key_mask.sum(), the real tokens of each text counted once; every head has its own "
+            "rows, so there are (real tokens) × h real rows: broadcast the mask to the rows' shape (b, h, n) "
+            "and count there."),
     Mistake("teacher-and-student-swapped", _loss(reverse=True),
             "the teacher's P weighs the log of the student's A: −Σ_j P_ij ln A_ij, not −Σ_j A_ij ln P_ij."),
 )
@@ -132,87 +141,71 @@ exercise_10_2 = Exercise("10.2", "the attention-distillation loss", _loss_refere
                          names=("loss",), atol=1e-9, rtol=1e-7)
 
 
-# --- Exercise 10.3: fit on the training passages, score on the held-out ones ------------------
+# --- Exercise 10.3: find the leak in a split of overlapping windows ----------------------------
+# A corpus cut into windows of `length` words every `stride` words: window i covers the words
+# starts[i] … starts[i] + length - 1. The last `n_heldout` windows are held out; a training
+# window that shares a word with a held-out one leaks it.
 
-def _split(passages, n_heldout, *, fit_all=False, heldout_first=False, leak=0):
-    """Train and held-out passages of Exercise 10.3, made with optional slips."""
-    cut = len(passages) - n_heldout
-    if heldout_first:
-        return passages[n_heldout:], passages[:n_heldout]
-    train, heldout = passages[:cut + leak], passages[cut:]
-    return (passages if fit_all else train), heldout
+def _starts(n_words, length, stride):
+    return np.arange(0, n_words - length + 1, stride)  # (windows,)
 
 
-def _honest(**slip):
-    swap = slip.pop("swap", False)
-
-    def honest_scores(passages, n_heldout, fit, score):
-        train, heldout = _split(passages, n_heldout, **slip)
-        params = fit(train)
-        scores = (score(params, train), score(params, heldout))
-        return scores[::-1] if swap else scores
-    return honest_scores
+def _leaky(n_words, length, stride, n_heldout):
+    """The split of the exercise's statement: it leaks when stride < length."""
+    starts = _starts(n_words, length, stride)
+    return starts[:-n_heldout], starts[-n_heldout:]
 
 
-def _honest_reference(passages, n_heldout, fit, score):
-    return _honest()(passages, n_heldout, fit, score)
+def _leak_free_reference(n_words, length, stride, n_heldout):
+    train, heldout = _leaky(n_words, length, stride, n_heldout)
+    return train[train + length <= heldout[0]], heldout  # a window ends at start + length - 1
+
+
+def _dropped_one(n_words, length, stride, n_heldout):
+    train, heldout = _leaky(n_words, length, stride, n_heldout)
+    return train[:-1], heldout
+
+
+def _end_inclusive(n_words, length, stride, n_heldout):
+    train, heldout = _leaky(n_words, length, stride, n_heldout)
+    return train[train + length < heldout[0]], heldout
+
+
+def _heldout_side(n_words, length, stride, n_heldout):
+    train, heldout = _leaky(n_words, length, stride, n_heldout)
+    return train, heldout[heldout >= train[-1] + length]
 
 
 MISTAKES_10_3 = (
-    Mistake("trained-on-the-heldout-passages", _honest(fit_all=True),
-            "you fitted on every passage, the held-out ones included: the held-out score then measures memory, "
-            "not generalisation. Fit on passages[:-n_heldout] only."),
-    Mistake("heldout-from-the-start", _honest(heldout_first=True),
-            "the held-out passages are the LAST n_heldout (the corpus's end, other topics than the training "
-            "ones), not the first."),
-    Mistake("one-passage-leaks", _honest(leak=1),
-            "off by one: your training passages reach into the held-out ones. The split is passages[:len - "
-            "n_heldout] and passages[len - n_heldout:], with no passage in both."),
-    Mistake("scores-swapped", _honest(swap=True),
-            "return (score on the training passages, score on the held-out passages), in that order."),
+    Mistake("trained-on-the-heldout-passages", _leaky,
+            "this is the split of the statement: with stride < length, window i and window i + 1 share "
+            "length − stride words, so the last training windows contain the first held-out words. Drop every "
+            "training window that reaches the first held-out start: keep start + length ≤ heldout[0]."),
+    Mistake("dropped-one-window-only", _dropped_one,
+            "one window dropped is not always enough: a window overlaps every window that starts fewer than "
+            "`length` words after it, ceil(length / stride) − 1 of them. Compare positions, not counts: keep a "
+            "training window when start + length ≤ heldout[0]."),
+    Mistake("end-counted-inclusive", _end_inclusive,
+            "a window of `length` words starting at s covers s … s + length − 1: one that ends with "
+            "start + length == heldout[0] shares no word with the held-out text, keep it (≤, not <)."),
+    Mistake("held-out-windows-dropped", _heldout_side,
+            "the held-out windows are fixed (the last n_heldout, the ones every score is reported on): remove "
+            "the overlap on the training side, not by dropping held-out windows."),
 )
-
-
-def _words(text):
-    return set(text.lower().split())
-
-
-def _memorising_fit(passages):
-    """A model that memorises: it keeps the word set of every training passage."""
-    return [_words(p) for p in passages]
-
-
-def _memorising_score(params, passages):
-    """Mean over passages of the best word overlap (Jaccard) with a memorised passage: 1.0 for a seen one."""
-    best = [max(len(_words(p) & seen) / len(_words(p) | seen) for seen in params) for p in passages]
-    return float(np.mean(best))
-
-
-_CORPUS = [
-    "the for statement iterates over the items of any sequence in order",
-    "a while loop repeats its body as long as the condition stays true",
-    "the break statement ends the nearest enclosing loop at once",
-    "continue skips the rest of the body and starts the next iteration",
-    "a function definition binds the function name to a new function object",
-    "default argument values are evaluated once when the function is defined",
-    "a class definition creates a new class object and binds its name",
-    "the import statement finds a module, loads it and binds a name to it",
-    "an exception raised in the try clause is matched against each except clause",
-    "the with statement wraps a block in the methods of a context manager",
-]
 
 
 def _cases_10_3():
     return [
-        ("ten passages, the last three held out", (_CORPUS, 3, _memorising_fit, _memorising_score), {}),
-        ("ten passages, the last five held out", (_CORPUS, 5, _memorising_fit, _memorising_score), {}),
-        ("eight passages, the last two held out", (_CORPUS[1:9], 2, _memorising_fit, _memorising_score), {}),
+        ("100 words, windows of 16 every 8, the last 2 held out", (100, 16, 8, 2), {}),
+        ("100 words, windows of 20 every 5, the last 3 held out", (100, 20, 5, 3), {}),
+        ("57 words, windows of 12 every 5, the last 4 held out", (57, 12, 5, 4), {}),
+        ("stride = length: windows that never overlap, the last 2 held out", (100, 10, 10, 2), {}),
+        ("stride > length: gaps between the windows, the last 3 held out", (120, 8, 11, 3), {}),
     ]
 
 
-exercise_10_3 = Exercise("10.3", "fit on the training passages, score on the held-out ones", _honest_reference,
-                         _cases_10_3, MISTAKES_10_3, names=("train_score", "heldout_score"), atol=1e-12, rtol=1e-9)
-
+exercise_10_3 = Exercise("10.3", "find the leak in a split of overlapping windows", _leak_free_reference,
+                         _cases_10_3, MISTAKES_10_3, names=("train_starts", "heldout_starts"), atol=0, rtol=0)
 
 
 # --- Exercise 10.4: Eq. (10.9) without the n × n weights -----------------------------------------
