@@ -16,6 +16,11 @@ from course_lib.bench.output import read_csv
 
 STATISTICS = {"min": "time_min_s", "median": "time_median_s"}
 
+# The lengths over which lessons 06 and 09 fit every log-log slope of the grid (``loglog_slope(n, values,
+# *SLOPE_RANGE)``): from 2,048, where a call's fixed costs no longer count, to 8,192, below the 16,384 at
+# which every (h, n, d) float32 array reaches 32 MiB and glibc serves it with fresh pages at every call.
+SLOPE_RANGE = (2048, 8192)
+
 
 def load(name="grid_cpu"):
     """The rows of the stored grid ``course_lib/data/bench_{name}.csv``: a list of dicts, numbers as numbers.
