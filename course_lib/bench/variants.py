@@ -69,7 +69,7 @@ def linformer_flops(case):
 def linear_flops(case, f=None):
     """Linear attention with f features: φ(k)ᵀ v ``(f, s)·(s, e)``, φ(q) S ``(n, f)·(f, e)``, φ(q)·z ``(n, f)·(f,)``.
 
-    Notebook 06, Eq. (6.2).  FLOPs = 2·b·h·(s·f·e + n·f·e + n·f); elu+1 keeps f = d.
+    Notebook 06, Eq. (6.3).  FLOPs = 2·b·h·(s·f·e + n·f·e + n·f); elu+1 keeps f = d.
     """
     f = f or case.d
     return 2 * case.b * case.h * (case.n * f * case.d + case.n * f * case.d + case.n * f)

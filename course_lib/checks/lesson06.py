@@ -66,53 +66,76 @@ class _RuleExercise(Exercise):
         return result
 
 
-# --- Exercise 6.1: non-causal linear attention with its normaliser ---------------------------
+# --- Exercise 6.1: padded keys, never the (n, s) kernel --------------------------------------
 
-def _noncausal_reference(q, k, v):
-    phi_q, phi_k = linear.elu_feature_map(q), linear.elu_feature_map(k)  # (..., n, f), (..., s, f)
-    kv_state = _t(phi_k) @ v  # (..., f, e)
-    normaliser = phi_q @ phi_k.sum(axis=-2)[..., None]  # (..., n, 1)
-    return kv_state, normaliser[..., 0], linear.linear_attention(q, k, v)
+def _padded(seed, lead, n, s, d, e, real, fill=1e3, fill_v=None):
+    """q, k, v and a key mask with ``real`` real keys per row (fewer in later rows); padding holds ``fill``
+    (the values' padding ``fill_v`` if given)."""
+    q, k, v = _case(seed, lead, n, d, e)[0], *_case(seed + 1, lead, s, d, e)[1:]
+    lengths = np.maximum(1, real - np.arange(int(np.prod(lead, dtype=int)))).reshape(lead)  # (...)
+    key_mask = np.arange(s) < lengths[..., None]  # (..., s): True where the key is a real token
+    k = np.where(key_mask[..., None], k, fill)  # padding: anything, even NaN
+    v = np.where(key_mask[..., None], v, fill if fill_v is None else fill_v)
+    return q, k, v, key_mask
 
 
-def _noncausal(*, map_keys=True, state=lambda phi_k, v: _t(phi_k) @ v, key_sum=lambda phi_k: phi_k.sum(axis=-2),
-               normalise=True):
-    """The exercise's function, made with one slip."""
-    def attention(q, k, v):
-        phi_q = linear.elu_feature_map(q)
-        phi_k = linear.elu_feature_map(k) if map_keys else k
-        kv_state = state(phi_k, v)
-        normaliser = (phi_q @ key_sum(phi_k)[..., None])[..., 0]  # (..., n)
-        numerator = phi_q @ kv_state  # (..., n, e)
-        return kv_state, normaliser, numerator / (normaliser[..., None] + EPS) if normalise else numerator
+def _masked(*, mask_state=True, mask_sum=True, by="where", mask_queries=False, invert=False):
+    """Exercise 6.1's function, made with one slip (the defaults: none)."""
+    def attention(q, k, v, key_mask):
+        keep = ~key_mask if invert else key_mask
+        phi_q, phi_k = linear.elu_feature_map(q), linear.elu_feature_map(k)  # (..., n, f), (..., s, f)
+        if mask_queries:
+            phi_q = np.where(keep[..., None], phi_q, 0.0)
+        elif by == "multiply":
+            phi_k, v = phi_k * keep[..., None], v * keep[..., None]  # 0 · NaN is NaN
+        else:
+            state_k = np.where(keep[..., None], phi_k, 0.0) if mask_state else phi_k
+            v = np.where(keep[..., None], v, 0.0) if mask_state else v
+            phi_k_sum = np.where(keep[..., None], phi_k, 0.0) if mask_sum else phi_k
+            kv_state = _t(state_k) @ v  # (..., f, e)
+            normaliser = np.einsum("...nf,...f->...n", phi_q, phi_k_sum.sum(axis=-2))  # (..., n)
+            return kv_state, normaliser, phi_q @ kv_state / (normaliser[..., None] + EPS)
+        kv_state = _t(phi_k) @ v
+        normaliser = np.einsum("...nf,...f->...n", phi_q, phi_k.sum(axis=-2))
+        return kv_state, normaliser, phi_q @ kv_state / (normaliser[..., None] + EPS)
     return attention
 
 
-MISTAKES_6_1 = (
-    Mistake("missing-normaliser", _noncausal(normalise=False),
-            "the output is phi(q) S without the division: divide each row by its normaliser "
-            "phi(q_i)·z (+ eps), or the weights do not sum to 1 (Eq. 6.2)."),
-    Mistake("state-transposed", _noncausal(state=lambda phi_k, v: _t(v) @ phi_k),
-            "the state is vᵀ phi(k), shape (e, f); contract over the key positions the other way round: "
-            "S = phi(k)ᵀ v, shape (f, e), then phi(q) S (Eq. 6.2)."),
-    Mistake("key-sum-over-features", _noncausal(key_sum=lambda phi_k: phi_k.sum(axis=-1)),
-            "z summed phi(k) over its features (the last axis); z = Σ_j phi(k_j) sums over the key "
-            "positions (axis -2) and has f entries."),
-    Mistake("keys-not-mapped", _noncausal(map_keys=False),
-            "the feature map was applied to q only: the kernel is phi(q)·phi(k), so map the keys too."),
-    Mistake("forms-the-kernel", lambda q, k, v: _quadratic(q, k, v),
-            "the values are right, but the answer forms the (n, s) kernel phi(Q) phi(K)ᵀ — the one thing "
-            "Eq. (6.2) avoids. Compute S = phi(K)ᵀ v (f × e) and z = Σ_j phi(k_j) first, then phi(Q) S: "
-            "nothing of size n × s."),
-)
+def _masked_reference(q, k, v, key_mask):
+    kv_state, normaliser, _ = _masked()(q, k, v, key_mask)
+    return kv_state, normaliser, linear.linear_attention(q, k, v, key_mask=key_mask)
 
 
-def _quadratic(q, k, v):
-    """The right values the forbidden way: Eq. (6.1) with the (n, s) kernel."""
-    phi_q, phi_k = linear.elu_feature_map(q), linear.elu_feature_map(k)
+def _masked_kernel(q, k, v, key_mask):
+    """The right values the forbidden way: the masked (n, s) kernel of Eq. (6.1)."""
+    phi_q, phi_k = linear.elu_feature_map(q), np.where(key_mask[..., None], linear.elu_feature_map(k), 0.0)
+    v = np.where(key_mask[..., None], v, 0.0)
     kernel = phi_q @ _t(phi_k)  # (..., n, s)
     normaliser = kernel.sum(axis=-1)  # (..., n)
     return _t(phi_k) @ v, normaliser, kernel @ v / (normaliser[..., None] + EPS)
+
+
+MISTAKES_6_1 = (
+    Mistake("normaliser-counts-padding", _masked(mask_sum=False),
+            "the state skips the padded keys but the normaliser still counts them: z = Σ_j phi(k_j) runs over the "
+            "real keys only, like S, or the weights of the real keys sum to less than 1."),
+    Mistake("state-counts-padding", _masked(mask_state=False),
+            "the normaliser skips the padded keys but the state S = Σ_j phi(k_j) v_jᵀ still adds theirs: take the "
+            "padded keys out of both sums."),
+    Mistake("mask-by-multiplying", _masked(by="multiply"),
+            "phi(k) · mask keeps the padding's NaN or inf: 0 · NaN is NaN. Padding may hold anything, so select "
+            "with np.where(key_mask[..., None], phi_k, 0.0) (and the same for v)."),
+    Mistake("mask-inverted", _masked(invert=True),
+            "key_mask is True where the key is a real token (the library's convention): keep those, drop the "
+            "False ones."),
+    Mistake("queries-masked", _masked(mask_queries=True),
+            "the mask removes keys, not queries: every query still gets an output, computed from the real keys "
+            "only; zero the padded keys' features (and values) before the sums over the keys."),
+    Mistake("forms-the-kernel", _masked_kernel,
+            "the values are right, but the answer forms the (n, s) kernel phi(Q) phi(K)ᵀ — the one thing "
+            "Eq. (6.3) avoids. Drop the padded keys from S = phi(K)ᵀ v (f × e) and z = Σ_j phi(k_j), then "
+            "phi(Q) S: nothing of size n × s."),
+)
 
 
 KERNEL_PROBE = 2048  # n = s of the size check: an (n, s) float64 kernel takes 32 MiB, the answer about 1 MiB
@@ -120,26 +143,29 @@ KERNEL_PROBE = 2048  # n = s of the size check: an (n, s) float64 kernel takes 3
 
 def _no_kernel(candidate):
     """Exercise 6.1's rule: at n = s = 2048 the call may not allocate a quarter of an (n, s) kernel."""
-    q, k, v = _case(60, (), KERNEL_PROBE, 8, 8)
+    q, k, v, key_mask = _padded(60, (), KERNEL_PROBE, KERNEL_PROBE, 8, 8, KERNEL_PROBE - 100)
     kernel_bytes = KERNEL_PROBE * KERNEL_PROBE * 8
-    peak = _peak_bytes(candidate, q, k, v)
+    peak = _peak_bytes(candidate, q, k, v, key_mask)
     if peak < kernel_bytes / 4:
         return None
     return ("forms-the-kernel", f"  at n = s = {KERNEL_PROBE} (d = e = 8) the call allocated {peak / 2**20:.0f} MiB; "
-            f"the (n, s) kernel alone is {kernel_bytes / 2**20:.0f} MiB, Eq. (6.2) needs about 1 MiB.",
+            f"the (n, s) kernel alone is {kernel_bytes / 2**20:.0f} MiB, Eq. (6.3) needs about 1 MiB.",
             MISTAKES_6_1[-1].hint)
 
 
 def _cases_6_1():
     return [
-        ("n = s = d = e = 6 (square, so every slip runs)", _case(61, (), 6, 6, 6), {}),
-        ("n = s = 20, d = 4, e = 3", _case(62, (), 20, 4, 3), {}),
-        ("batched (b, h) = (2, 3), n = s = 16, d = e = 8", _case(63, (2, 3), 16, 8, 8), {}),
+        ("n = s = 6, d = e = 4, the last 2 keys padded", _padded(61, (), 6, 6, 4, 4, 4), {}),
+        ("n = 5 queries, s = 8 keys (3 padded), d = 4, e = 3", _padded(62, (), 5, 8, 4, 3, 5), {}),
+        ("batched (b, h) = (2, 3), n = s = 10, a different number of real keys per row, padded keys NaN",
+         _padded(63, (2, 3), 10, 10, 4, 4, 9, fill=np.nan, fill_v=1e3), {}),
+        ("no padding (every key real), n = s = 7", _padded(64, (), 7, 7, 3, 3, 7), {}),
     ]
 
 
-exercise_6_1 = _RuleExercise("6.1", "non-causal linear attention without the (n, s) kernel", _noncausal_reference,
-                             _cases_6_1, MISTAKES_6_1, names=("kv_state", "normaliser", "output"), rule=_no_kernel,
+exercise_6_1 = _RuleExercise("6.1", "linear attention over padded keys, without the (n, s) kernel",
+                             _masked_reference, _cases_6_1, MISTAKES_6_1, names=("kv_state", "normaliser", "output"),
+                             rule=_no_kernel,
                              rule_passed=f"At n = s = {KERNEL_PROBE} it allocated far less than an (n, s) kernel.")
 
 
@@ -219,34 +245,42 @@ exercise_6_2 = Exercise("6.2", "the chunkwise-parallel form of causal linear att
                         _cases_6_2, MISTAKES_6_2, names=("states_before", "within", "output"))
 
 
-# --- Exercise 6.3: a feature map that breaks positivity ---------------------------------------
+# --- Exercise 6.3: how much a feature map's weights cancel ------------------------------------
 
-def _positivity_reference(q, k, feature_map):
-    phi_q, phi_k = feature_map(q), feature_map(k)  # (..., n, f), (..., s, f)
-    normaliser = np.einsum("...nf,...f->...n", phi_q, phi_k.sum(axis=-2))  # (..., n)
-    kernel = phi_q @ _t(phi_k)  # (..., n, s)
-    return normaliser, np.mean(kernel < 0), np.mean(normaliser <= 0)
-
-
-def _positivity(*, map_keys=True, bad=lambda z: z <= 0, fraction=np.mean):
-    """The exercise's function, made with one slip."""
+def _cancellation(*, map_keys=True, fraction=np.mean, signed=False, abs_after_sum=False, dead=1.0, inverted=False):
+    """Exercise 6.3's function; the keywords make one slip each (the defaults: none)."""
     def report(q, k, feature_map):
         phi_q = feature_map(q)
         phi_k = feature_map(k) if map_keys else k
-        normaliser = np.einsum("...nf,...f->...n", phi_q, phi_k.sum(axis=-2))
-        return normaliser, fraction(phi_q @ _t(phi_k) < 0), fraction(bad(normaliser))
+        kernel = phi_q @ _t(phi_k)  # (..., n, s): the weights w_ij, small sizes only
+        normaliser = kernel.sum(axis=-1)  # (..., n): z_i
+        size = np.abs(normaliser) if abs_after_sum else np.abs(kernel).sum(axis=-1)  # Σ_j |w_ij|
+        top = normaliser if signed else np.abs(normaliser)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ratio = size / top if inverted else top / size
+        if dead is not None:
+            ratio = np.where(size > 0, ratio, dead)  # no weight at all: nothing cancels
+        return normaliser, fraction(kernel < 0), ratio
     return report
 
 
 MISTAKES_6_3 = (
-    Mistake("counts-not-fractions", _positivity(fraction=np.sum),
-            "return fractions (np.mean of the boolean arrays), not counts of entries or rows."),
-    Mistake("keys-not-mapped", _positivity(map_keys=False),
-            "the normaliser used the raw keys: it is phi(q_i)·Σ_j phi(k_j), with the feature map applied "
-            "to the keys too."),
-    Mistake("zero-normaliser-missed", _positivity(bad=lambda z: z < 0),
-            "a normaliser of exactly 0 is broken too (relu of an all-negative query gives 0 / 0): count "
-            "rows with normaliser <= 0, not < 0."),
+    Mistake("counts-not-fractions", _cancellation(fraction=np.sum),
+            "negative_weights is a fraction of the weights (np.mean of the boolean array), not a count."),
+    Mistake("keys-not-mapped", _cancellation(map_keys=False),
+            "the weights used the raw keys: w_ij = phi(q_i)·phi(k_j), with the feature map applied to the keys too."),
+    Mistake("signed-ratio", _cancellation(signed=True),
+            "the ratio came out negative: it is |z_i| / Σ_j |w_ij|, between 0 and 1. The sign of z_i is not the "
+            "damage (flip every weight and the output stays the same); how much the terms cancel is."),
+    Mistake("abs-after-the-sum", _cancellation(abs_after_sum=True),
+            "every ratio is 1: the denominator took the absolute value after summing, |Σ_j w_ij|. It is "
+            "Σ_j |w_ij|, the absolute values summed, which is larger than |z_i| exactly when the terms cancel."),
+    Mistake("inverted-ratio", _cancellation(inverted=True),
+            "that is the amplification Σ_j |w_ij| / |z_i| (1 or more): the cancellation ratio is its inverse, "
+            "|z_i| / Σ_j |w_ij|, between 0 and 1."),
+    Mistake("nan-for-rows-without-weights", _cancellation(dead=None),
+            "a row whose weights are all zero (relu zeroes a query whose entries are all negative) gives 0 / 0: "
+            "nothing cancels there, so its ratio is 1 (np.where on Σ_j |w_ij| > 0)."),
 )
 
 
@@ -265,8 +299,8 @@ def _cases_6_3():
     ]
 
 
-exercise_6_3 = Exercise("6.3", "diagnose a feature map's normalisers", _positivity_reference, _cases_6_3,
-                        MISTAKES_6_3, names=("normaliser", "negative_weights", "bad_rows"))
+exercise_6_3 = Exercise("6.3", "how much a feature map's weights cancel", _cancellation(), _cases_6_3,
+                        MISTAKES_6_3, names=("normaliser", "negative_weights", "cancellation"))
 
 
 # --- Exercise 6.4: the gradients of Eq. (6.5) with one running state -------------------------

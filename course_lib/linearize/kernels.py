@@ -166,7 +166,7 @@ class LearnedLinformer(LinformerSelfAttention):
 
 
 def feature_kernel(feature_map):
-    """A fixed (untrained) feature map as a kernel for ``MiniLM.with_attention``. Notebook 06, Eq. (6.2)."""
+    """A fixed (untrained) feature map as a kernel for ``MiniLM.with_attention``. Notebook 06, Eq. (6.3)."""
     def kernel(q, k, v, *, causal=False, key_mask=None):
         if causal:
             raise ValueError("this kernel is for the (non-causal) MiniLM encoder; causal=True is not supported.")
@@ -183,7 +183,7 @@ def uniform_kernel():
 
 
 def elu_kernel():
-    """Linear attention with elu+1 (Katharopoulos et al. 2020), untrained. Notebook 06, Eq. (6.3)."""
+    """Linear attention with elu+1 (Katharopoulos et al. 2020), untrained. Notebook 06, Eq. (6.2)."""
     return feature_kernel(linear.elu_feature_map)
 
 

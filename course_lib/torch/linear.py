@@ -29,7 +29,7 @@ HALF = (torch.float16, torch.bfloat16)
 
 
 def elu_feature_map(x):
-    """phi(x) = elu(x) + 1. Notebook 06, Eq. (6.3); Katharopoulos et al. 2020, Eq. 7.
+    """phi(x) = elu(x) + 1. Notebook 06, Eq. (6.2); Katharopoulos et al. 2020, Eq. 7.
 
     Positive everywhere, so every kernel value phi(q)·phi(k) is a positive weight, and unlike
     relu it keeps a gradient for negative inputs.
@@ -89,7 +89,7 @@ def _normalise(numerator, normaliser, eps, dtype, signed=False):
 
 
 def linear_attention_from_features(phi_q, phi_k, v, *, eps=1e-6, key_mask=None, allow_negative=False):
-    """Non-causal linear attention from features, in O(n·f·e). Notebook 06, Eq. (6.2); Katharopoulos et al. 2020, Eq. 5.
+    """Non-causal linear attention from features, in O(n·f·e). Notebook 06, Eq. (6.3); Katharopoulos et al. 2020, Eq. 5.
 
     Associativity: phi(q) (phi(k)ᵀ v) never forms the n × s kernel.  Padded keys and values
     (``key_mask`` False) are zeroed with ``masked_fill`` first, so even inf/NaN padding adds nothing.
@@ -126,7 +126,7 @@ def _non_causal(phi_q, phi_k, v, eps, key_mask, signed):
 
 
 def linear_attention(q, k, v, *, feature_map=elu_feature_map, eps=1e-6, key_mask=None):
-    """Non-causal linear attention phi(q) (phi(k)ᵀ v) / (phi(q)·Σ phi(k) + eps). Notebook 06, Eq. (6.2).
+    """Non-causal linear attention phi(q) (phi(k)ᵀ v) / (phi(q)·Σ phi(k) + eps). Notebook 06, Eq. (6.3).
 
     Katharopoulos et al. 2020, Eq. 5: cost O(n·f·e) instead of O(n·s·d).
 
