@@ -1,8 +1,10 @@
 """Checks for the lesson 07 exercises (transformers are RNNs)."""
 
+import sys
+
 import numpy as np
 
-from course_lib.checks import Exercise, Mistake
+from course_lib.checks import Exercise, Mistake, Requirement
 from course_lib.numpy import linear
 
 EPS = 1e-6  # the library's default: added to the normaliser
@@ -66,8 +68,49 @@ def _cases_7_1():
     ]
 
 
+def _own_lines(candidate, n):
+    """How many lines of ``candidate``'s own source file one call runs for a prompt of ``n`` tokens."""
+    filename = candidate.__code__.co_filename
+    count = 0
+
+    def tracer(frame, event, arg):  # library code (another file) is not traced line by line
+        nonlocal count
+        if frame.f_code.co_filename != filename:
+            return None
+        count += event == "line"
+        return tracer
+
+    args = _sequence_case(75, (), n, 3, 2)
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        candidate(*args)
+    finally:
+        sys.settrace(previous)
+    return count
+
+
+def _no_loop(candidate):
+    """None when the answer runs as many of its own lines for a long prompt as for a short one: no loop over tokens."""
+    if not hasattr(candidate, "__code__"):  # a builtin or a partial: nothing to trace
+        return None
+    short, long = _own_lines(candidate, 4), _own_lines(candidate, 64)
+    if long <= short + 8:  # a parallel answer: the same lines whatever the length
+        return None
+    return (f"for a prompt of 64 tokens your function ran {long} lines of its own code, for 4 tokens {short}: it "
+            "loops over the prompt's positions.")
+
+
+REQUIREMENTS_7_1 = (
+    Requirement("loops-over-positions", _no_loop,
+                "the outputs are right, but they come from a loop over the prompt's tokens, the RNN of Section "
+                "7.1. A prompt is known in full: write Eq. (7.1) for every position at once (the causal n × n "
+                "kernel, or prefix sums), and the state after n tokens as one sum over them.",
+                _prefill_reference),
+)
+
 exercise_7_1 = Exercise("7.1", "a prompt in one pass, and the state it leaves", _prefill_reference, _cases_7_1,
-                        MISTAKES_7_1, names=("outputs", "S", "Z"))
+                        MISTAKES_7_1, names=("outputs", "S", "Z"), requirements=REQUIREMENTS_7_1)
 
 
 # --- Exercise 7.2: a state that forgets, and its parallel form ------------------------------
@@ -102,10 +145,18 @@ def _decay_reference(q, k, v, gamma):
     return _decay_matrix(q.shape[-2], gamma), _recurrence(q, k, v, gamma)
 
 
-def _decayed(*, shift=0, sign=1, causal=True, decay_normaliser=True):
+def _masked_power(n, gamma):
+    """γ^(i − j) over the whole square, then times the causal mask: 0 ** (negative) = inf, and inf · 0 = NaN."""
+    distance = np.arange(n)[:, None] - np.arange(n)[None, :]  # (n, n): i − j
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return float(gamma) ** distance * (distance >= 0)
+
+
+def _decayed(*, shift=0, sign=1, causal=True, decay_normaliser=True, mask="where"):
     """Exercise 7.2's function in parallel form, with one slip (the defaults: none)."""
     def attention(q, k, v, gamma):
-        decay = _decay_matrix(q.shape[-2], gamma, shift=shift, sign=sign, causal=causal)  # (n, n)
+        decay = (_masked_power(q.shape[-2], gamma) if mask == "multiply"
+                 else _decay_matrix(q.shape[-2], gamma, shift=shift, sign=sign, causal=causal))  # (n, n)
         kernel = _phi(q) @ np.swapaxes(_phi(k), -1, -2)  # (..., n, n)
         weights = decay * kernel
         plain = np.tril(kernel) if causal else kernel
@@ -128,6 +179,10 @@ MISTAKES_7_2 = (
     Mistake("no-causal-mask", _decayed(causal=False),
             "the decay matrix must be 0 above the diagonal (j > i): query i never sees a later key. γ^|i − j| "
             "everywhere lets the future in."),
+    Mistake("negative-power-masked-by-multiplying", _decayed(mask="multiply"),
+            "NaN at γ = 0: above the diagonal i − j is negative, and 0 ** (a negative power) is inf; multiplying "
+            "by the causal mask then gives inf · 0 = NaN. Never raise γ to a negative power: select with "
+            "np.where(i >= j, γ ** np.maximum(i − j, 0), 0), or np.tril the matrix of non-negative exponents."),
 )
 
 
