@@ -190,17 +190,28 @@ def _predicted_reference(P, v, k):
 
 
 def _predicted_with(*, cross=1.0, factor=1.0, over_k=lambda k: np.sqrt(k), relative=True, p_norm=None,
-                    whole_stack=False):
+                    whole_stack=False, root="sqrt"):
     """Exercise 3.2's function, made with one slip in the variance, its 1/k, the norm or the scale."""
     def predicted_error(P, v, k):
         exact = np.linalg.norm(np.einsum("...ns,...s->...n", P, v), axis=-1)
         p_fro = np.linalg.norm(P) if whole_stack else _fro(P, p_norm)
-        rms = np.sqrt(factor * p_fro**2 * np.linalg.norm(v, axis=-1) ** 2 + cross * exact**2) / over_k(k)
+        mean_square = (factor * p_fro**2 * np.linalg.norm(v, axis=-1) ** 2 + cross * exact**2) / over_k(k) ** 2
+        if root == "none":  # the square root left out: E‖gap‖² / ‖P v‖
+            return mean_square / exact
+        if root == "relative-mean-square":  # the mean square over ‖P v‖²: (A² + 1) / k
+            return mean_square / exact**2
+        rms = np.sqrt(mean_square)
         return rms / exact if relative else rms
     return predicted_error
 
 
 MISTAKES_3_2 = (
+    Mistake("no-square-root", _predicted_with(root="none"),
+            "the square root is missing: (‖P‖²_F ‖v‖² + ‖P v‖²) / k is the mean of the squared gap ‖P Rᵀ R v − P v‖²; "
+            "take its root, then divide by ‖P v‖."),
+    Mistake("mean-square-relative", _predicted_with(root="relative-mean-square"),
+            "(A² + 1)/k is the mean square of the relative error: Eq. (3.6)'s root-mean-square error is its square "
+            "root, √((A² + 1) / k)."),
     Mistake("no-covariance-term", _predicted_with(cross=0.0),
             "the two factors (R w_i)_r and (R v)_r are correlated: Var(ab) = Var a · Var b + Cov(a, b)², and the "
             "covariance term adds (w_i·v)² per row, ‖P v‖² in all, under the root."),
@@ -229,8 +240,8 @@ def _softmax_rows(scores):
 def _cases_3_2():
     rng = np.random.default_rng(36)
     return [
-        ("n = s = 16, centred v, k = 8", (_softmax_rows(2 * rng.standard_normal((16, 16))), rng.standard_normal(16), 8),
-         {}),
+        ("n = s = 16, mean-zero v, k = 8",
+         (_softmax_rows(2 * rng.standard_normal((16, 16))), rng.standard_normal(16), 8), {}),
         ("n = 24 queries, s = 40 keys, k = 12",
          (_softmax_rows(rng.standard_normal((24, 40))), rng.standard_normal(40), 12), {}),
         ("batched P (2, 3, 10, 10), v (2, 3, 10), k = 5",
@@ -244,59 +255,63 @@ exercise_3_2 = Exercise("3.2", "predict Theorem 1's error before measuring it", 
                         MISTAKES_3_2, names=("predicted error",))
 
 
-# --- Exercise 3.3: Theorem 1's error and its amplification factor -------------------------
-# The learner returns two numbers for a given P, v and R: the relative error of Eq. (3.6) and the
-# factor ‖P‖_F ‖v‖ / ‖P v‖ of Eq. (3.9) that separates it from the JL scale of Eq. (3.8).
+# --- Exercise 3.3: how many rows Theorem 1's construction needs for a target error --------
+# Exercise 3.2's root-mean-square error √((A² + 1) / k), A = ‖P‖_F ‖v‖ / ‖P v‖ (Eq. 3.9), solved for k:
+# the smallest k at which the predicted error is at most `target`.  Set beside Theorem 1's
+# k = 5 ln n / (ε² − ε³) it shows the factor (A² + 1) / (5 ln n) by which the construction falls short.
 
-def _theorem1_reference(P, v, R):
-    return jl.projected_attention_error(P, v, R), jl.amplification_factor(P, v)
+def _amplification_squared(P, v, p_norm=None):
+    exact = np.linalg.norm(np.einsum("...ns,...s->...n", P, v), axis=-1)  # (...): ‖P v‖
+    return (_fro(P, p_norm) * np.linalg.norm(v, axis=-1) / exact) ** 2  # (...): A²
 
 
-def _theorem1_with(*, lift=lambda P, v, R: P @ (R.T @ (R @ v)), error_scale="pv", p_norm="fro",
-                   inverted=False):
-    """The exercise's function with one slip in the projection, the error's scale or the factor."""
-    def theorem1_error(P, v, R):
-        exact = P @ v  # (n,)
-        gap = np.linalg.norm(lift(P, v, R) - exact)
-        scale = {"pv": np.linalg.norm(exact), "jl": np.linalg.norm(P) * np.linalg.norm(v), "none": 1.0}[error_scale]
-        factor = np.linalg.norm(P, p_norm) * np.linalg.norm(v) / np.linalg.norm(exact)
-        return gap / scale, 1 / factor if inverted else factor
-    return theorem1_error
+def _rows_reference(P, v, target):
+    # whole numbers as floats (what np.ceil returns); an integer answer compares equal
+    return np.ceil((_amplification_squared(P, v) + 1) / target**2)
+
+
+def _rows_with(*, numerator=lambda a2: a2 + 1, target_power=2, rounding=np.ceil, p_norm=None):
+    """Exercise 3.3's function, made with one slip in the variance, the power of the target or the rounding."""
+    def rows_needed(P, v, target):
+        return rounding(numerator(_amplification_squared(P, v, p_norm)) / target**target_power).astype(int)
+    return rows_needed
 
 
 MISTAKES_3_3 = (
-    Mistake("output-axis", _theorem1_with(lift=lambda P, v, R: R.T @ (R @ (P @ v))),
-            "R projects the key/value axis s, between P and v: P Rᵀ R v, not Rᵀ R P v (which squeezes "
-            "the n output positions instead)."),
-    Mistake("error-on-jl-scale", _theorem1_with(error_scale="jl"),
-            "Theorem 1's error is relative to ‖P v‖ (Eq. 3.6); dividing by ‖P‖_F ‖v‖ gives the JL-scale "
-            "error, which is smaller by exactly the amplification factor."),
-    Mistake("absolute-error", _theorem1_with(error_scale="none"),
-            "the error is relative: divide ‖P Rᵀ R v − P v‖ by ‖P v‖ (Eq. 3.6)."),
-    Mistake("spectral-norm", _theorem1_with(p_norm=2),
-            "the factor uses the Frobenius norm ‖P‖_F (all entries squared, np.linalg.norm(P)), the sum "
-            "of the row norms ‖w_i‖² of Eq. (3.8) — not the spectral norm np.linalg.norm(P, 2)."),
-    Mistake("factor-inverted", _theorem1_with(inverted=True),
-            "the factor is upside down: ‖P‖_F ‖v‖ / ‖P v‖, which is at least 1 by Cauchy–Schwarz."),
+    Mistake("no-covariance-term", _rows_with(numerator=lambda a2: a2),
+            "the mean square of the relative error is (A² + 1)/k, not A²/k: the covariance term of exercise 3.2 "
+            "adds ‖P v‖² under the root, 1 after dividing by ‖P v‖²."),
+    Mistake("target-not-squared", _rows_with(target_power=1),
+            "the error falls like 1/√k, so k grows like 1/target²: k = ⌈(A² + 1) / target²⌉."),
+    Mistake("rounded-down", _rows_with(rounding=np.floor),
+            "round up (np.ceil): k rows give an error at most the target only from (A² + 1)/target² on; int() and "
+            "np.floor cut below it (and np.round does half of the time)."),
+    Mistake("jl-scale", _rows_with(numerator=lambda a2: 1 + 1 / a2),
+            "the target is relative to ‖P v‖ (Eq. 3.6), not to the JL scale ‖P‖_F ‖v‖: the mean square is "
+            "(A² + 1)/k with A = ‖P‖_F ‖v‖ / ‖P v‖, which is at least 1."),
+    Mistake("amplification-not-squared", _rows_with(numerator=lambda a2: np.sqrt(a2) + 1),
+            "the variance holds A², not A: k = ⌈(A² + 1) / target²⌉ with A = ‖P‖_F ‖v‖ / ‖P v‖."),
+    Mistake("spectral-norm", _rows_with(p_norm=2),
+            "A uses the Frobenius norm ‖P‖_F (np.linalg.norm(P, axis=(-2, -1))), the sum of the rows' ‖w_i‖², "
+            "not the spectral norm ord=2."),
 )
 
 
 def _cases_3_3():
-    rng = np.random.default_rng(35)
+    rng = np.random.default_rng(37)
     return [
-        ("n = s = 16, k = 8, centred v",
-         (_softmax_rows(2 * rng.standard_normal((16, 16))), rng.standard_normal(16),
-          jl.gaussian_projection(8, 16, rng)), {}),
-        ("n = 24 queries, s = 40 keys, k = 12",
-         (_softmax_rows(rng.standard_normal((24, 40))), rng.standard_normal(40), jl.gaussian_projection(12, 40, rng)),
-         {}),
-        ("n = s = 64, k = 32, v with an offset",
-         (_softmax_rows(3 * rng.standard_normal((64, 64))), 1 + rng.standard_normal(64),
-          jl.gaussian_projection(32, 64, rng)), {}),
+        ("n = s = 16, mean-zero v, target 0.5",
+         (_softmax_rows(2 * rng.standard_normal((16, 16))), rng.standard_normal(16), 0.5), {}),
+        ("n = 24 queries, s = 40 keys, target 0.3",
+         (_softmax_rows(rng.standard_normal((24, 40))), rng.standard_normal(40), 0.3), {}),
+        ("batched P (2, 3, 12, 12), v (2, 3, 12), target 0.25",
+         (_softmax_rows(3 * rng.standard_normal((2, 3, 12, 12))), rng.standard_normal((2, 3, 12)), 0.25), {}),
+        ("n = s = 32, v with an offset, target 0.1",
+         (_softmax_rows(rng.standard_normal((32, 32))), 1 + rng.standard_normal(32), 0.1), {}),
     ]
 
 
-exercise_3_3 = Exercise("3.3", "Theorem 1's error and its amplification factor", _theorem1_reference, _cases_3_3,
-                        MISTAKES_3_3, names=("error", "amplification"))
+exercise_3_3 = Exercise("3.3", "how many rows Theorem 1's construction needs for a target error", _rows_reference,
+                        _cases_3_3, MISTAKES_3_3, names=("rows",))
 
 EXERCISES = [exercise_3_1, exercise_3_2, exercise_3_3]
