@@ -1,11 +1,9 @@
 """Checks for the lesson 01 exercises (attention recap)."""
 
 import numpy as np
-import torch
 
 from course_lib.checks import Exercise, Mistake
 from course_lib.numpy import full
-from course_lib.torch import full as torch_full
 
 
 def _qkv(seed, lead, n, d, e):
@@ -14,24 +12,37 @@ def _qkv(seed, lead, n, d, e):
             rng.standard_normal((*lead, n, e)))
 
 
-# --- Exercise 1.1: scaled dot-product attention with a causal mask (NumPy) -----------------
+# --- Exercise 1.1: one mask for causal attention and key padding (NumPy) ------------------
+# Eq. (1.4) in NumPy: the causal mask and the key-padding mask combined into one, the softmax kept
+# stable, and a query that sees no real key at all (left padding with causal=True) given an all-zero
+# row and a zero output, as the library and PyTorch's SDPA do.
 
-def _attention_reference(q, k, v, causal=False):
-    weights = full.attention_weights(q, k, causal=causal)
-    return weights, full.softmax_attention(q, k, v, causal=causal)
+def _attention_reference(q, k, v, causal=False, key_mask=None):
+    weights = full.attention_weights(q, k, causal=causal, key_mask=key_mask)
+    return weights, full.softmax_attention(q, k, v, causal=causal, key_mask=key_mask)
 
 
-def _attention_with(q, k, v, causal, *, scale, axis=-1, allowed=None, renormalise=True, stable=True):
-    """The exercise computed with one slip: a different scale, axis or mask, or no max subtraction."""
+def _attention_with(q, k, v, causal, key_mask, *, scale, axis=-1, allowed=None, renormalise=True, stable=True,
+                    keys=lambda m: m[..., None, :], combine=np.logical_and, empty="zero", fill=-np.inf):
+    """The exercise computed with one slip: a different scale, axis or mask, no max subtraction, or the
+    rows that see no key left as the plain formula makes them."""
     scores = q @ np.swapaxes(k, -1, -2) * scale  # (..., n, s)
     n, s = scores.shape[-2:]
-    mask = allowed(n, s) if (causal and allowed is not None) else np.ones((n, s), bool)
+    mask = allowed(n, s) if (causal and allowed is not None) else None
+    if key_mask is not None and keys is not None:
+        padding = np.broadcast_to(keys(np.asarray(key_mask)), scores.shape)
+        mask = padding if mask is None else combine(mask, padding)
+    mask = np.ones(scores.shape, bool) if mask is None else np.broadcast_to(mask, scores.shape)
     if renormalise:
-        scores = np.where(mask, scores, -np.inf)
+        scores = np.where(mask, scores, fill)
     # A slip may mask a whole row, or overflow exp without the max subtraction: NaN, as the learner would get.
-    with np.errstate(invalid="ignore", over="ignore"):
-        weights = np.exp(scores - scores.max(axis=axis, keepdims=True) if stable else scores)
-        weights = weights / weights.sum(axis=axis, keepdims=True)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        top = scores.max(axis=axis, keepdims=True)
+        if empty == "zero":
+            top = np.where(np.isfinite(top), top, 0.0)
+        weights = np.exp(scores - top if stable else scores)
+        total = weights.sum(axis=axis, keepdims=True)
+        weights = weights / (np.where(total == 0, 1.0, total) if empty == "zero" else total)
     if not renormalise:
         weights = weights * mask
     return weights, weights @ v
@@ -41,11 +52,11 @@ def _lower(n, s):
     return np.tril(np.ones((n, s), bool))
 
 
-def _slip(*, scale=lambda d: d ** -0.5, axis=-1, allowed=_lower, renormalise=True, stable=True):
+def _slip(*, scale=lambda d: d ** -0.5, axis=-1, allowed=_lower, **slip):
     """The exercise's function, made with one slip."""
-    def attention(q, k, v, causal=False):
-        return _attention_with(q, k, v, causal, scale=scale(q.shape[-1]), axis=axis, allowed=allowed,
-                               renormalise=renormalise, stable=stable)
+    def attention(q, k, v, causal=False, key_mask=None):
+        return _attention_with(q, k, v, causal, key_mask, scale=scale(q.shape[-1]), axis=axis, allowed=allowed,
+                               **slip)
     return attention
 
 
@@ -68,22 +79,77 @@ MISTAKES_1_1 = (
     Mistake("unstable-softmax", _slip(stable=False),
             "exp overflows: scores of a few hundred give exp = inf and inf / inf = NaN. Subtract each row's "
             "maximum before exp (Eq. 1.3); the softmax is unchanged."),
+    Mistake("key-mask-ignored", _slip(keys=None),
+            "key_mask was not applied: a padded key (key_mask False) must get no weight from any query."),
+    Mistake("inverted-key-mask", _slip(keys=lambda m: ~m[..., None, :]),
+            "key_mask is True where the key is a real token: mask the scores where it is False."),
+    Mistake("mask-on-queries", _slip(keys=lambda m: m[..., :, None]),
+            "the padding mask hides queries instead of keys: it must broadcast as (..., 1, s), over the key axis "
+            "(key_mask[..., None, :])."),
+    Mistake("masks-or", _slip(combine=np.logical_or),
+            "a key must pass both masks: combine them with & (the product in Eq. 1.4), not |."),
+    Mistake("nan-on-empty-rows", _slip(empty="nan"),
+            "a query that sees no real key (left padding with causal=True: the first queries see only padding) has "
+            "every score -inf, so its maximum is -inf and exp(-inf - (-inf)) is NaN. Give such a row zero weights "
+            "and a zero output: e.g. replace a non-finite row maximum by 0 and divide only where the row sum is "
+            "above 0."),
+    Mistake("large-negative-fill", _slip(fill=-1e9),
+            "filling masked scores with a large negative number instead of -inf works while a row has an allowed "
+            "key; a row with none becomes uniform over the forbidden keys. Use -inf and give such a row zero "
+            "weights (and a zero output)."),
 )
+
+
+def _left_padded(seed, lead, n, d, e, real):
+    """A batch whose sequences are padded on the left: ``(q, k, v, key_mask)``, key_mask ``(b, 1, s)``."""
+    q, k, v = _qkv(seed, lead, n, d, e)
+    key_mask = (np.arange(n)[None, :] >= (n - np.asarray(real))[:, None])[:, None, :]  # (b, 1, s)
+    return q, k, v, key_mask
 
 
 def _cases_1_1():
     q, k, v = _qkv(4, (2,), 6, 4, 3)
+    right = (np.arange(6)[None, :] < np.array([6, 4])[:, None])[:, None, :]  # (b, 1, s): padding on the right
+    *left_qkv, left = _left_padded(6, (2, 3), 6, 4, 2, [6, 3])
     return [
         ("n = s = 5, d = 4, e = 3, not causal", _qkv(1, (), 5, 4, 3), {}),
         ("n = s = 5, d = 4, e = 3, causal", _qkv(2, (), 5, 4, 3), {"causal": True}),
         ("batched (b, h) = (2, 3), n = 6, d = 8, causal", _qkv(3, (2, 3), 6, 8, 8), {"causal": True}),
-        # q, k scaled by 30: scores reach the thousands, far past exp's float64 limit of about 709.
+        # q, k scaled by 30: scores reach the thousands, far past exp's float64 limit of 709.78.
         ("large scores (|q·k|/√d in the thousands), b = 2, n = 6, causal", (30 * q, 30 * k, v), {"causal": True}),
+        ("(b, h) = (2, 3), n = 6, key_mask (b, 1, s): 6 and 4 real tokens, padded on the right, not causal",
+         _qkv(5, (2, 3), 6, 4, 2), {"key_mask": right}),
+        ("(b, h) = (2, 3), n = 6, padded on the left (6 and 3 real tokens), causal: the second sequence's first "
+         "3 queries see no real key", tuple(left_qkv), {"causal": True, "key_mask": left}),
     ]
 
 
-exercise_1_1 = Exercise("1.1", "scaled dot-product attention with a causal mask (NumPy)",
-                        _attention_reference, _cases_1_1, MISTAKES_1_1, names=("weights", "output"))
+def _explain_mask_shapes(candidate):
+    """``candidate``, with a broadcasting ValueError turned into one that names the mask's shapes (Exercise 1.1)."""
+    def checked(q, k, v, **kwargs):
+        try:
+            return candidate(q, k, v, **kwargs)
+        except ValueError as exc:
+            key_mask = kwargs.get("key_mask")
+            if "broadcast" not in str(exc) or key_mask is None:
+                raise
+            scores = (*q.shape[:-1], k.shape[-2])
+            raise ValueError(
+                f"{exc}\n  hint: key_mask has the documented shape (..., s) = {np.shape(key_mask)}, the scores "
+                f"(..., n, s) = {scores}. Give the mask a query axis, key_mask[..., None, :], so that it broadcasts "
+                f"over the queries (and the heads).") from None
+    return checked
+
+
+class _MaskExercise(Exercise):
+    """Exercise 1.1's check: a key mask that does not broadcast gets a hint naming the shapes."""
+
+    def __call__(self, candidate, *, verbose=True):
+        return super().__call__(_explain_mask_shapes(candidate), verbose=verbose)
+
+
+exercise_1_1 = _MaskExercise("1.1", "one mask for causal attention and key padding (NumPy)",
+                             _attention_reference, _cases_1_1, MISTAKES_1_1, names=("weights", "output"))
 
 
 # --- Exercise 1.2: splitting the model width into heads ------------------------------------
@@ -128,85 +194,7 @@ exercise_1_2 = Exercise("1.2", "split the model width into heads", full.split_he
                         MISTAKES_1_2, names=("heads",))
 
 
-# --- Exercise 1.3: a key-padding mask in PyTorch -------------------------------------------
-
-def _cases_1_3():
-    gen = torch.Generator().manual_seed(13)
-    q, k, v = (torch.randn(2, 3, 5, 4, generator=gen, dtype=torch.float64) for _ in range(3))
-    lengths = torch.tensor([5, 3])
-    key_mask = (torch.arange(5)[None, :] < lengths[:, None])[:, None, :]  # (b, 1, s)
-    return [
-        ("(b, h, n, d) = (2, 3, 5, 4), sequence lengths 5 and 3", (q, k, v, key_mask), {}),
-        ("(b, h, n, d) = (2, 3, 5, 4), all keys real", (q, k, v, torch.ones(2, 1, 5, dtype=torch.bool)), {}),
-    ]
-
-
-def _padded_reference(q, k, v, key_mask):
-    return torch_full.softmax_attention(q, k, v, key_mask=key_mask)
-
-
-def _masked(allowed_of, *, renormalise=True, scaled=True):
-    """The exercise's function, made with one slip in how the mask or the scale is applied."""
-    def attention(q, k, v, key_mask):
-        allowed = allowed_of(key_mask)  # broadcasts against (..., n, s)
-        scores = q @ k.transpose(-1, -2) / (q.shape[-1] ** 0.5 if scaled else 1.0)
-        if renormalise:
-            scores = scores.masked_fill(~allowed, float("-inf"))
-        weights = torch.softmax(scores, dim=-1)
-        return (weights if renormalise else weights * allowed) @ v
-    return attention
-
-
-MISTAKES_1_3 = (
-    Mistake("inverted-mask", _masked(lambda m: ~m[..., None, :]),
-            "key_mask is True where the key is a real token; mask the scores where it is False."),
-    Mistake("mask-on-queries", _masked(lambda m: m[..., :, None]),
-            "the mask hides queries instead of keys: it must broadcast as (..., 1, s) over the key axis."),
-    Mistake("mask-after-softmax", _masked(lambda m: m[..., None, :], renormalise=False),
-            "zeroing weights after the softmax leaves rows that no longer sum to 1: "
-            "fill masked scores with -inf before it."),
-    Mistake("missing-scale", _masked(lambda m: m[..., None, :], scaled=False),
-            "the scores are not scaled: divide q kᵀ by √d before the softmax (Eq. 1.2)."),
-)
-
-
-def _explain_shape_errors(candidate):
-    """``candidate``, with a broadcasting RuntimeError turned into an error that names the shapes."""
-    def checked(q, k, v, key_mask):
-        try:
-            out = candidate(q, k, v, key_mask)
-        except NotImplementedError:  # a subclass of RuntimeError: the untouched stub
-            raise
-        except RuntimeError as exc:
-            if "size" not in str(exc) and "shape" not in str(exc):
-                raise
-            scores = (*q.shape[:-1], k.shape[-2])
-            raise ValueError(
-                f"{exc}\n  hint: key_mask has the documented shape (b, 1, s) = {tuple(key_mask.shape)}, the scores "
-                f"(b, h, n, s) = {scores}. Give the mask a query axis, key_mask[..., None, :] of shape "
-                f"(b, 1, 1, s), so that it broadcasts over heads and queries.") from None
-        if getattr(out, "ndim", q.ndim) > q.ndim:  # e.g. key_mask[:, None, None, :] adds a second head axis
-            raise ValueError(
-                f"the output has shape {tuple(out.shape)}, one axis too many for the expected "
-                f"{(*q.shape[:-1], v.shape[-1])}.\n  hint: key_mask (b, 1, s) already has its head axis; "
-                f"add only a query axis, key_mask[..., None, :] of shape (b, 1, 1, s).")
-        return out
-    return checked
-
-
-class _KeyMaskExercise(Exercise):
-    """Exercise 1.3's check: a mask that does not broadcast gets a hint naming the shapes."""
-
-    def __call__(self, candidate, *, verbose=True):
-        return super().__call__(_explain_shape_errors(candidate), verbose=verbose)
-
-
-exercise_1_3 = _KeyMaskExercise("1.3", "attention with a key-padding mask (PyTorch)", _padded_reference,
-                                _cases_1_3, MISTAKES_1_3, names=("output",))
-
-
-
-# --- Exercise 1.4: two blocks of keys, merged without P -------------------------------------
+# --- Exercise 1.3: two blocks of keys, merged without P -------------------------------------
 # Attention over keys A and over keys B, each given as (output, log-normaliser), merged into the
 # attention over A and B together: the step a fused kernel repeats block after block so that it
 # never holds an (n, s) matrix.  The learner derives the weights exp(ℓ_a − ℓ) and exp(ℓ_b − ℓ).
@@ -226,7 +214,7 @@ def _merge_reference(out_a, lse_a, out_b, lse_b):
 
 
 def _merge_with(*, weights="shares", lse="logaddexp", normalise=True):
-    """Exercise 1.4's function, made with one slip in the weights of the two outputs or in ℓ."""
+    """Exercise 1.3's function, made with one slip in the weights of the two outputs or in ℓ."""
     def merge(out_a, lse_a, out_b, lse_b):
         with np.errstate(over="ignore", invalid="ignore"):
             total = {"logaddexp": np.logaddexp(lse_a, lse_b), "max": np.maximum(lse_a, lse_b),
@@ -247,7 +235,7 @@ def _merge_with(*, weights="shares", lse="logaddexp", normalise=True):
     return merge
 
 
-MISTAKES_1_4 = (
+MISTAKES_1_3 = (
     Mistake("plain-average", _merge_with(weights="average"),
             "the two blocks do not count equally: block A's output carries the weight e^ℓa / (e^ℓa + e^ℓb), its "
             "share of the row's normaliser, and block B the rest."),
@@ -258,7 +246,7 @@ MISTAKES_1_4 = (
             "each block's output is already an average: after exp(ℓa − m) and exp(ℓb − m) divide by their sum, "
             "so that the two weights add up to 1."),
     Mistake("overflow", _merge_with(weights="naive", lse="naive"),
-            "exp(ℓ) overflows: ℓ is in the thousands in one case, and exp overflows above about 709.8 in float64. "
+            "exp(ℓ) overflows: ℓ is in the thousands in one case, and exp overflows above 709.78 in float64. "
             "Subtract max(ℓa, ℓb) before exp (Eq. 1.3), or use np.logaddexp for ℓ."),
     Mistake("lse-is-the-max", _merge_with(lse="max"),
             "the merged ℓ is ln(e^ℓa + e^ℓb), the log of the summed normalisers (np.logaddexp), not the larger ℓ: "
@@ -283,11 +271,11 @@ def _split_case(seed, lead, n, s_a, s_b, d, e, scale=1.0, shift_b=0.0):
     return out_a, lse_a, out_b, lse_b
 
 
-def _cases_1_4():
+def _cases_1_3():
     return [
         ("n = 4 queries, blocks of 3 and 5 keys, e = 2", _split_case(14, (), 4, 3, 5, 4, 2), {}),
         ("batched (b, h) = (2, 3), n = 5, blocks of 4 and 6 keys, e = 3", _split_case(15, (2, 3), 5, 4, 6, 8, 3), {}),
-        # q, k scaled by 30: the log-normalisers reach the thousands, far past exp's float64 limit of 709.8.
+        # q, k scaled by 30: the log-normalisers reach the thousands, far past exp's float64 limit of 709.78.
         ("large scores (ℓ in the thousands), n = 6, blocks of 5 and 3", _split_case(16, (2,), 6, 5, 3, 4, 2, 30.0), {}),
         ("block B far weaker (its ℓ lowered by 50), n = 3, blocks of 2 and 2",
          _split_case(17, (), 3, 2, 2, 4, 2, 1.0, -50.0), {}),
@@ -295,7 +283,7 @@ def _cases_1_4():
 
 
 def _explain_broadcasting(candidate):
-    """``candidate``, with a broadcasting ValueError turned into one that names the shapes (Exercise 1.4)."""
+    """``candidate``, with a broadcasting ValueError turned into one that names the shapes (Exercise 1.3)."""
     def checked(out_a, lse_a, out_b, lse_b):
         try:
             return candidate(out_a, lse_a, out_b, lse_b)
@@ -310,13 +298,13 @@ def _explain_broadcasting(candidate):
 
 
 class _MergeExercise(Exercise):
-    """Exercise 1.4's check: weights without their last axis get a hint naming the shapes."""
+    """Exercise 1.3's check: weights without their last axis get a hint naming the shapes."""
 
     def __call__(self, candidate, *, verbose=True):
         return super().__call__(_explain_broadcasting(candidate), verbose=verbose)
 
 
-exercise_1_4 = _MergeExercise("1.4", "two blocks of keys merged without P", _merge_reference, _cases_1_4,
-                              MISTAKES_1_4, names=("output", "lse"))
+exercise_1_3 = _MergeExercise("1.3", "two blocks of keys merged without P", _merge_reference, _cases_1_3,
+                              MISTAKES_1_3, names=("output", "lse"))
 
-EXERCISES = [exercise_1_1, exercise_1_2, exercise_1_3, exercise_1_4]
+EXERCISES = [exercise_1_1, exercise_1_2, exercise_1_3]
