@@ -91,41 +91,71 @@ exercise_2_1 = Exercise("2.1", "find the bug: a cumulative spectrum that is righ
                         lowrank.cumulative_spectrum, _cases_2_1, MISTAKES_2_1, names=("cumulative",))
 
 
-# --- Exercise 2.2: the rank that holds a share of the spectrum ------------------------------
+# --- Exercise 2.2: the rank for a given error, read off the spectrum ------------------------
+# The smallest k whose best rank-k copy is within a relative Frobenius error `tol` of P, without
+# building any P_k: by Eckart–Young (Eq. 2.6) the error is the root of the tail of σᵢ², so the k
+# is not the rank of Eq. (2.4), which adds the plain σᵢ.  Looping over k with P_k built is right too.
 
-def _rank_with(*, power=1, shift=1, strict=False, normalise=True):
-    """Exercise 2.2's function, made with one slip."""
-    def rank_for_energy(P, energy):
-        sigma = np.linalg.svd(P, compute_uv=False) ** power  # (..., r)
-        cumulative = np.cumsum(sigma, axis=-1)
-        if normalise:
-            cumulative = cumulative / sigma.sum(axis=-1, keepdims=True)
-        short = (cumulative <= energy) if strict else (cumulative < energy)
-        return np.minimum(short.sum(axis=-1) + shift, sigma.shape[-1])
-    return rank_for_energy
+def _relative_tail(sigma, power=2):
+    """(..., r): for k = 1 … r, (Σ_{i>k} σᵢ^power / Σᵢ σᵢ^power), the part of the spectrum P_k leaves out."""
+    weights = sigma**power
+    after = np.cumsum(weights[..., ::-1], axis=-1)[..., ::-1]  # (..., r): Σ_{i>=k}
+    after = np.concatenate([after[..., 1:], np.zeros_like(after[..., :1])], axis=-1)  # (..., r): Σ_{i>k}
+    return after / weights.sum(axis=-1, keepdims=True)
+
+
+def _rank_for_error_reference(P, tol):
+    sigma = np.linalg.svd(P, compute_uv=False)  # (..., r), largest first
+    error = np.sqrt(_relative_tail(sigma))  # (..., r): ‖P − P_k‖_F / ‖P‖_F, Eq. (2.6)
+    return (error > tol).sum(axis=-1) + 1  # the error falls with k: count the k that miss, plus one
+
+
+def _rank_for_error_with(*, measure="frobenius", shift=1):
+    """Exercise 2.2's function, made with one slip in the error it reads off the spectrum, or in the count."""
+    def rank_for_error(P, tol):
+        sigma = np.linalg.svd(P, compute_uv=False)  # (..., r)
+        error = {"frobenius": np.sqrt(_relative_tail(sigma)),
+                 "sum-of-sigmas": _relative_tail(sigma, power=1),  # 1 − c_k of Eq. (2.2)
+                 "squared": _relative_tail(sigma),  # the squared relative error, compared with tol
+                 "spectral": np.concatenate([sigma[..., 1:], np.zeros_like(sigma[..., :1])], axis=-1)
+                 / sigma[..., :1],  # σ_{k+1} / σ₁
+                 "absolute": np.sqrt(_relative_tail(sigma) * (sigma**2).sum(axis=-1, keepdims=True)),
+                 "tail-from-k": np.sqrt(np.cumsum((sigma**2)[..., ::-1], axis=-1)[..., ::-1]
+                                        / (sigma**2).sum(axis=-1, keepdims=True))}[measure]
+        return (error > tol).sum(axis=-1) + shift
+    return rank_for_error
 
 
 MISTAKES_2_2 = (
-    Mistake("off-by-one", _rank_with(shift=0),
-            "c_k is stored at index k - 1: the rank is the number of c_k below the share plus one."),
-    Mistake("squared", _rank_with(power=2),
-            "use the same normalisation as Eq. (2.2), the plain singular values σᵢ, not σᵢ²."),
-    Mistake("not-normalised", _rank_with(normalise=False),
-            "compare the normalised cumulative spectrum (ending at 1) with the share, not the raw sums."),
-    Mistake("strict", _rank_with(strict=True),
-            "the rank is the smallest k with c_k ≥ share: a c_k equal to the share is already enough."),
+    Mistake("sum-of-sigmas", _rank_for_error_with(measure="sum-of-sigmas"),
+            "1 − c_k of Eq. (2.2) adds the plain σᵢ; the Frobenius error squares them (Eq. 2.6): "
+            "‖P − P_k‖_F / ‖P‖_F = √(Σ_{i>k} σᵢ² / Σᵢ σᵢ²). The two measures of the tail differ."),
+    Mistake("squared-error", _rank_for_error_with(measure="squared"),
+            "Σ_{i>k} σᵢ² / Σᵢ σᵢ² is the squared relative error: take its square root before comparing with tol "
+            "(or compare it with tol²)."),
+    Mistake("spectral-norm", _rank_for_error_with(measure="spectral"),
+            "σ_{k+1}/σ₁ is the relative error in the spectral norm; the Frobenius error adds the whole tail: "
+            "√(Σ_{i>k} σᵢ²) / √(Σᵢ σᵢ²) (Eq. 2.6)."),
+    Mistake("not-relative", _rank_for_error_with(measure="absolute"),
+            "the error is relative: divide ‖P − P_k‖_F = √(Σ_{i>k} σᵢ²) by ‖P‖_F = √(Σᵢ σᵢ²)."),
+    Mistake("tail-from-k", _rank_for_error_with(measure="tail-from-k"),
+            "P_k keeps σ₁ … σ_k: its error is the tail after k, Σ_{i>k} σᵢ², without σ_k itself."),
+    Mistake("index-not-rank", _rank_for_error_with(shift=0),
+            "you returned an index counted from 0: the rank k is the number of k that miss the target, plus one."),
 )
 
 
 def _cases_2_2():
     return [
-        ("batched P (4, 12, 12), share 0.9", (_attention_matrix(31, (4,), 12, 12), 0.9), {}),
-        ("batched P (2, 3, 10, 8), share 0.5", (_attention_matrix(32, (2, 3), 10, 8), 0.5), {}),
-        ("diag(4, 3, 2, 1): c = 0.4, 0.7, 0.9, 1; share 0.9", (np.diag([4.0, 3.0, 2.0, 1.0]), 0.9), {}),
+        ("P (20, 20), sharpness 4, tol 0.3", (_attention_matrix(24, (), 20, 20, sharpness=4.0), 0.3), {}),
+        ("batched P (4, 16, 16), tol 0.2", (_attention_matrix(22, (4,), 16, 16), 0.2), {}),
+        ("batched P (2, 3, 10, 8): more queries than keys, tol 0.5",
+         (_attention_matrix(23, (2, 3), 10, 8, sharpness=2.0), 0.5), {}),
+        ("diag(4, 3, 2, 1): errors 0.683, 0.408, 0.183, 0; tol 0.25", (np.diag([4.0, 3.0, 2.0, 1.0]), 0.25), {}),
     ]
 
 
-exercise_2_2 = Exercise("2.2", "the rank that holds a share of the spectrum", lowrank.rank_for_energy,
+exercise_2_2 = Exercise("2.2", "the rank for a given error, read off the spectrum", _rank_for_error_reference,
                         _cases_2_2, MISTAKES_2_2, names=("rank",))
 
 
