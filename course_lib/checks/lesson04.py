@@ -42,6 +42,12 @@ def _smallest(P, k):
     return np.linalg.eigh(rows.T @ rows)[1][:, :k].T  # eigh's first k: the smallest
 
 
+def _eig_unsorted(P, k):
+    rows = P.reshape(-1, P.shape[-1])
+    vectors = np.linalg.eig(rows.T @ rows)[1]  # eigenvalues in LAPACK's order, not sorted
+    return np.real(vectors[:, :k]).T
+
+
 def _first_only(P, k):
     first = P.reshape(-1, *P.shape[-2:])[0]  # the first matrix of the stack
     return _top_eigenvectors(first.T @ first, k)
@@ -68,6 +74,10 @@ def _columns(P, k):
 
 
 MISTAKES_4_1 = (
+    Mistake("eig-unsorted", _eig_unsorted,
+            "np.linalg.eig returns the eigenvalues in no particular order (for the hard-attention case, in the order "
+            "of the keys): sort them, order = np.argsort(eigenvalues)[::-1], and take vectors[:, order[:k]] — or use "
+            "np.linalg.eigh, whose order is ascending."),
     Mistake("smallest-eigenvalues", _smallest,
             "np.linalg.eigh returns the eigenvalues in ASCENDING order, so its first k eigenvectors are the "
             "directions P uses least. Take the last k (the largest eigenvalues), e.g. vectors[:, ::-1][:, :k]."),
@@ -97,6 +107,12 @@ def _attention_stack(seed, lead, n, spread):
     return _softmax(scores)
 
 
+def _hard_attention(counts):
+    """One-hot rows: key j is the whole attention of counts[j] queries, ``(sum(counts), len(counts))``."""
+    keys = np.repeat(np.arange(len(counts)), counts)  # (n,): the key each query attends to
+    return np.eye(len(counts))[keys]
+
+
 def _cases_4_1():
     return [
         ("one matrix P (8, 8), k = 2", (_attention_stack(410, (), 8, 1.5), 2), {}),
@@ -104,6 +120,9 @@ def _cases_4_1():
         ("passages × heads (3, 4, 12, 12), k = 4", (_attention_stack(412, (3, 4), 12, 2.0), 4), {}),
         ("n = 6 queries, s = 9 keys, a stack of 4, k = 3", (_softmax(np.random.default_rng(413).standard_normal(
             (4, 6, 9)) * 2.0), 3), {}),
+        # Σ PᵀP is diagonal here, diag(3, 1, 6, 2, 5, 4): np.linalg.eig keeps that order, neither sorted way.
+        ("hard attention: 21 queries, each on one of s = 6 keys (3, 1, 6, 2, 5, 4 times), k = 2",
+         (_hard_attention([3, 1, 6, 2, 5, 4]), 2), {}),
     ]
 
 
