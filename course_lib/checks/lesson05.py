@@ -219,7 +219,9 @@ def plateau_stop(steps, losses, *, window, tol, min_steps):
 
     ``steps`` are the evenly spaced steps at which the held-out loss ``losses`` was measured; the
     test runs at every evaluation from ``min_steps`` on and compares the best loss up to ``t -
-    window`` with the best loss up to ``t``.  Without a plateau: ``(steps[-1], False)``.
+    window`` with the best loss up to ``t``.  Without a plateau: ``(steps[-1], False)``.  ``window`` is
+    a whole number of evaluation intervals (as in tools/train_sharing.py), so ``t - window`` is an
+    evaluation step and "up to t - window" and "window // interval evaluations back" are one rule.
     """
     per_window = window // (steps[1] - steps[0])
     for i, t in enumerate(steps):
@@ -245,6 +247,14 @@ def _relative(steps, losses, *, window, tol, min_steps):
     return steps[-1], False
 
 
+def _strict(steps, losses, *, window, tol, min_steps):
+    per_window = window // (steps[1] - steps[0])
+    for i, t in enumerate(steps):
+        if t >= min_steps and i > per_window and min(losses[:i - per_window]) - min(losses[:i + 1]) < tol:
+            return t, True
+    return steps[-1], False
+
+
 def _no_min_steps(steps, losses, *, window, tol, min_steps):
     return plateau_stop(steps, losses, window=window, tol=tol, min_steps=0)
 
@@ -264,8 +274,11 @@ MISTAKES_5_3 = (
             "a run first sits on the plateau of guessing (loss ≈ ln 8 ≈ 2.08) before it learns: never stop "
             "before min_steps."),
     Mistake("window-in-evaluations", _window_in_evaluations,
-            "window is in training steps; with an evaluation every steps[1] − steps[0] steps it spans "
-            "window // (steps[1] − steps[0]) evaluations."),
+            "window is in training steps; with an evaluation every steps[1] − steps[0] steps, t − window is "
+            "window // (steps[1] − steps[0]) evaluations back."),
+    Mistake("strict-window", _strict,
+            "t′ ≤ t − window includes the evaluation at step t − window itself: the best loss before the window is "
+            "min(losses[:i + 1 − w]) with w = window // (steps[1] − steps[0]), not min(losses[:i − w])."),
 )
 
 
@@ -288,8 +301,9 @@ def _cases_5_3():
     spiked = [x + 0.5 * (t == 1500) for t, x in zip(steps, falling, strict=True)]  # one noisy evaluation
     cases.append(("a falling run with one noisy evaluation at step 1500", (steps, spiked)))
     out = [(name, curve, rule) for name, curve in cases]
-    out.append(("evaluations every 200 steps", _curve(4, stall=400, floor=1.2, rate=1e-3, noise=0.0, every=200),
-                rule))
+    # window 600 = 3 evaluations: t − window is an evaluation step, whichever way the rule is read
+    out.append(("evaluations every 200 steps, window 600", _curve(4, stall=400, floor=1.2, rate=1e-3, noise=0.0,
+                                                                  every=200), rule | {"window": 600}))
     return out
 
 
