@@ -1,0 +1,165 @@
+"""Answers a learner writes for the exercises of lessons 01-05, other than the reference: each right one
+passes, and each classic slip that a reader is likely to make is named by its own hint."""
+
+import math
+
+import numpy as np
+import pytest
+
+from course_lib.checks import FAILED, PASSED
+from course_lib.checks.lesson01 import exercise_1_1
+from course_lib.checks.lesson02 import exercise_2_2
+from course_lib.checks.lesson03 import exercise_3_2, exercise_3_3
+from course_lib.checks.lesson04 import exercise_4_1
+from course_lib.checks.lesson05 import exercise_5_3
+
+# --- 1.1: masks combined; a query with no real key gives zeros ------------------------------
+
+
+def _scores(q, k):
+    return q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])  # (..., n, s)
+
+
+def attention_nan_to_num(q, k, v, causal=False, key_mask=None):
+    """-inf for every forbidden score, the NaN rows turned into zeros afterwards."""
+    scores = _scores(q, k)
+    n, s = scores.shape[-2:]
+    if causal:
+        scores = np.where(np.tril(np.ones((n, s), bool)), scores, -np.inf)
+    if key_mask is not None:
+        scores = np.where(key_mask[..., None, :], scores, -np.inf)
+    with np.errstate(invalid="ignore"):
+        weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        weights = np.nan_to_num(weights / weights.sum(axis=-1, keepdims=True))
+    return weights, weights @ v
+
+
+def attention_divide_where(q, k, v, causal=False, key_mask=None):
+    """One boolean mask; exp only of allowed scores; np.divide where the row sum is positive."""
+    scores = _scores(q, k)
+    n, s = scores.shape[-2:]
+    allowed = np.broadcast_to(np.tril(np.ones((n, s), bool)) if causal else np.ones((n, s), bool), scores.shape)
+    if key_mask is not None:
+        allowed = allowed & key_mask[..., None, :]
+    top = np.where(allowed, scores, -np.inf).max(axis=-1, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    weights = np.where(allowed, np.exp(np.where(allowed, scores - top, 0.0)), 0.0)
+    total = weights.sum(axis=-1, keepdims=True)
+    weights = np.divide(weights, total, out=np.zeros_like(weights), where=total > 0)
+    return weights, weights @ v
+
+
+# --- 2.2: the rank for a relative Frobenius error ---------------------------------------------
+
+
+def rank_by_building_each_copy(P, tol):
+    """Every P_k built and measured: slow, and right."""
+    out = np.zeros(P.shape[:-2], int)
+    for index in np.ndindex(*P.shape[:-2]):
+        matrix = P[index]
+        u, sigma, vh = np.linalg.svd(matrix, full_matrices=False)
+        out[index] = next(k for k in range(1, len(sigma) + 1)
+                          if np.linalg.norm(matrix - (u[:, :k] * sigma[:k]) @ vh[:k]) <= tol * np.linalg.norm(matrix))
+    return out
+
+
+def rank_by_energy_share(P, tol):
+    """The squared spectrum's share 1 − tol², with the first k that reaches it."""
+    energy = np.linalg.svd(P, compute_uv=False) ** 2
+    share = np.cumsum(energy, axis=-1) / energy.sum(axis=-1, keepdims=True)
+    return np.argmax(share >= 1 - tol**2, axis=-1) + 1
+
+
+# --- 3.3: rows for a target error --------------------------------------------------------------
+
+
+def _predicted(P, v, k):
+    exact = np.linalg.norm(np.einsum("...ns,...s->...n", P, v), axis=-1)
+    mean_square = (np.linalg.norm(P, axis=(-2, -1)) ** 2 * np.linalg.norm(v, axis=-1) ** 2 + exact**2) / k
+    return np.sqrt(mean_square) / exact
+
+
+def rows_by_search(P, v, target):
+    """k = 1, 2, … until exercise 3.2's prediction meets the target."""
+    out = np.zeros(P.shape[:-2], int)
+    for index in np.ndindex(*P.shape[:-2]):
+        k = 1
+        while _predicted(P[index], v[index], k) > target:
+            k += 1
+        out[index] = k
+    return out
+
+
+def rows_nearest(P, v, target):
+    a_squared = (np.linalg.norm(P, axis=(-2, -1)) * np.linalg.norm(v, axis=-1)
+                 / np.linalg.norm(np.einsum("...ns,...s->...n", P, v), axis=-1)) ** 2
+    return np.round((a_squared + 1) / target**2).astype(int)
+
+
+def predicted_without_root(P, v, k):
+    exact = np.linalg.norm(np.einsum("...ns,...s->...n", P, v), axis=-1)
+    return (np.linalg.norm(P, axis=(-2, -1)) ** 2 * np.linalg.norm(v, axis=-1) ** 2 + exact**2) / k / exact
+
+
+# --- 4.1: the best fixed projection --------------------------------------------------------------
+
+
+def _second_moment(P):
+    rows = P.reshape(-1, P.shape[-1])
+    return rows.T @ rows
+
+
+def projection_by_sorted_eig(P, k):
+    values, vectors = np.linalg.eig(_second_moment(P))
+    return np.real(vectors[:, np.argsort(values.real)[::-1][:k]]).T
+
+
+def projection_by_svd_of_rows(P, k):
+    return np.linalg.svd(P.reshape(-1, P.shape[-1]), full_matrices=False)[2][:k]
+
+
+def projection_by_unsorted_eig(P, k):
+    return np.real(np.linalg.eig(_second_moment(P))[1][:, :k]).T
+
+
+# --- 5.3: the plateau test, read literally --------------------------------------------------------
+
+
+def plateau_literal(steps, losses, *, window, tol, min_steps):
+    """The best loss over the evaluations at steps t′ <= t − window, found by comparing steps."""
+    for i, t in enumerate(steps):
+        before = [loss for step, loss in zip(steps, losses, strict=True) if step <= t - window]
+        if t >= min_steps and before and min(before) - min(losses[:i + 1]) < tol:
+            return t, True
+    return steps[-1], False
+
+
+def plateau_running_best(steps, losses, *, window, tol, min_steps):
+    best = np.minimum.accumulate(losses)
+    back = math.ceil(window / (steps[1] - steps[0]))
+    for i, t in enumerate(steps):
+        if t >= min_steps and i >= back and best[i - back] - best[i] < tol:
+            return t, True
+    return steps[-1], False
+
+
+@pytest.mark.parametrize("exercise, answer", [
+    (exercise_1_1, attention_nan_to_num), (exercise_1_1, attention_divide_where),
+    (exercise_2_2, rank_by_building_each_copy), (exercise_2_2, rank_by_energy_share),
+    (exercise_3_3, rows_by_search),
+    (exercise_4_1, projection_by_sorted_eig), (exercise_4_1, projection_by_svd_of_rows),
+    (exercise_5_3, plateau_literal), (exercise_5_3, plateau_running_best),
+], ids=lambda x: getattr(x, "number", getattr(x, "__name__", "")))
+def test_a_right_answer_written_another_way_passes(exercise, answer, capsys):
+    result = exercise(answer)
+    assert result.status == PASSED, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("exercise, answer, mistake", [
+    (exercise_3_2, predicted_without_root, "no-square-root"),
+    (exercise_3_3, rows_nearest, "rounded-down"),
+    (exercise_4_1, projection_by_unsorted_eig, "eig-unsorted"),
+], ids=lambda x: getattr(x, "number", getattr(x, "__name__", x)))
+def test_a_classic_slip_written_by_hand_is_named(exercise, answer, mistake, capsys):
+    result = exercise(answer)
+    assert result.status == FAILED and result.mistake == mistake, capsys.readouterr().out
