@@ -1,78 +1,82 @@
-"""Checks for the lesson 09 exercises (Eckart–Young truncation of P, signed weights, choosing a variant)."""
+"""Checks for the lesson 09 exercises (the paired test, signed weights, choosing a variant)."""
+
+import math
 
 import numpy as np
 
+from course_lib import swap_in
 from course_lib.checks import Exercise, Mistake
 
-# --- Exercise 9.1: the best rank-k attention matrix (Eckart–Young) ------------------------------
+# --- Exercise 9.1: is one model better? The paired test on the same texts -------------------------
 
-def _truncated_reference(P, v, k):
-    u, sigma, vt = np.linalg.svd(P, full_matrices=False)  # P = U Σ Vᵀ, singular values descending
-    P_k = (u[..., :, :k] * sigma[..., None, :k]) @ vt[..., :k, :]  # (..., n, s): the top k terms
-    return P_k, P_k @ v  # (..., n, e)
-
-
-def _smallest_directions(P, v, k):
-    vt = np.linalg.svd(P, full_matrices=False)[2][..., -k:, :]  # the k SMALLEST singular directions
-    P_k = P @ np.swapaxes(vt, -1, -2) @ vt
-    return P_k, P_k @ v
-
-
-def _left_on_the_right(P, v, k):
-    u = np.linalg.svd(P, full_matrices=False)[0][..., :, :k]  # (..., n, k): left singular vectors
-    P_k = P @ u @ np.swapaxes(u, -1, -2)  # only defined for n = s, and wrong
-    return P_k, P_k @ v
+def _paired(found, reference_found, *, tosses="discordant", doubled=True, capped=True, swapped=False,
+            counts="texts"):
+    """(lost, gained, p) of McNemar's exact test (Section 9.4), with optional slips (the defaults: none)."""
+    found, reference_found = np.asarray(found, bool), np.asarray(reference_found, bool)
+    if counts == "totals":  # only the totals compared: the texts each model finds are forgotten
+        difference = int(reference_found.sum()) - int(found.sum())
+        lost, gained = max(difference, 0), max(-difference, 0)
+    else:
+        lost, gained = int(np.sum(reference_found & ~found)), int(np.sum(found & ~reference_found))
+    n = lost + gained if tosses == "discordant" else len(found)
+    tail = sum(math.comb(n, i) for i in range(min(lost, gained) + 1)) / 2**n
+    p = 2 * tail if doubled else tail
+    p = min(1.0, p) if capped else p
+    return (gained, lost, p) if swapped else (lost, gained, p)
 
 
-def _truncated_values(P, v, k):
-    u, sigma, vt = np.linalg.svd(v, full_matrices=False)
-    v_k = (u[..., :, :k] * sigma[..., None, :k]) @ vt[..., :k, :]  # the best rank-k V instead
-    return P, P @ v_k
-
-
-def _top_k_keys(P, v, k):
-    strongest = np.argsort(-np.linalg.norm(P, axis=-2), axis=-1)[..., :k]  # (..., k): the most attended keys
-    keep = np.zeros(P.shape[:-2] + P.shape[-1:], dtype=bool)
-    np.put_along_axis(keep, strongest, True, axis=-1)
-    P_k = np.where(keep[..., None, :], P, 0.0)
-    return P_k, P_k @ v
+def _paired_reference(found, reference_found):
+    result = swap_in.paired_retrieval(found, reference_found)
+    return result["lost"], result["gained"], result["p"]
 
 
 MISTAKES_9_1 = (
-    Mistake("smallest-directions", _smallest_directions,
-            "you kept the k SMALLEST singular directions: np.linalg.svd returns them in descending order (keep "
-            "the first k), np.linalg.eigh in ascending order (keep the last k)."),
-    Mistake("left-on-the-right", _left_on_the_right,
-            "P U_k U_kᵀ mixes the two sides: U's columns live in query space. Keep P's top-k terms, "
-            "U_k Σ_k V_kᵀ — equivalently P V_k V_kᵀ or U_k U_kᵀ P."),
-    Mistake("truncated-values", _truncated_values,
-            "you truncated V, not P: Eckart–Young's rank-k truncation is of the attention matrix P; return "
-            "P_k and P_k v."),
-    Mistake("top-k-keys", _top_k_keys,
-            "keeping the k most attended keys is a choice of k positions; the best rank-k matrix keeps k "
-            "directions, mixtures of all s positions (the truncated SVD)."),
+    Mistake("lost-and-gained-swapped", lambda *a: _paired(*a, swapped=True),
+            "lost counts the texts the REFERENCE finds and the variant misses; gained the texts the variant finds "
+            "and the reference misses. The arguments are (found, reference_found), in that order."),
+    Mistake("every-text-a-toss", lambda *a: _paired(*a, tosses="all"),
+            "the texts both models find, or both miss, say nothing about which is better: the coin is tossed "
+            "only lost + gained times, not once per text."),
+    Mistake("totals-only", lambda *a: _paired(*a, counts="totals"),
+            "you compared the two totals: a paired test looks text by text. Two models with the same total can "
+            "disagree on many texts; count lost (reference & ~found) and gained (found & ~reference) apart."),
+    Mistake("one-sided", lambda *a: _paired(*a, doubled=False),
+            "that is a one-sided p: the question is whether either model is better, so double the tail of the "
+            "smaller count."),
+    Mistake("p-above-one", lambda *a: _paired(*a, capped=False),
+            "a p-value above 1: when lost = gained the doubled tail passes 1 (the middle term counts twice); "
+            "cap it, min(1, 2 · tail)."),
 )
 
 
-def _softmax_rows(rng, *shape, scale=2.0):
-    scores = scale * rng.standard_normal(shape)
-    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    return weights / weights.sum(axis=-1, keepdims=True)
+def _found(rng, t, hits, agree):
+    """Two (t,) boolean vectors: the reference finds ``hits`` texts; the variant agrees on about ``agree`` of them."""
+    reference = rng.permutation(np.arange(t) < hits)
+    flip = rng.random(t) > agree
+    return reference ^ flip, reference
 
 
 def _cases_9_1():
     rng = np.random.default_rng(91)
     return [
-        ("n = s = 6, k = 2", (_softmax_rows(rng, 6, 6), rng.standard_normal((6, 3)), 2), {}),
-        ("n = s = 10, k = 4", (_softmax_rows(rng, 10, 10), rng.standard_normal((10, 4)), 4), {}),
-        ("batched (2, 3), n = s = 8, k = 3", (_softmax_rows(rng, 2, 3, 8, 8), rng.standard_normal((2, 3, 8, 5)), 3),
+        ("48 texts, the variant loses 12 and gains 2", _twelve_two(), {}),
+        ("48 texts, seeded disagreement", _found(rng, 48, 19, 0.8), {}),
+        ("as many lost as gained (p = 1)", (np.array([1, 0, 1, 0, 1, 1], bool), np.array([0, 1, 1, 0, 1, 0], bool)),
          {}),
-        ("n = 5 queries, s = 7 keys, k = 2", (_softmax_rows(rng, 5, 7), rng.standard_normal((7, 3)), 2), {}),
+        ("no text on which they disagree", (np.array([1, 0, 0, 1], bool), np.array([1, 0, 0, 1], bool)), {}),
     ]
 
 
-exercise_9_1 = Exercise("9.1", "the best rank-k attention matrix (Eckart–Young)", _truncated_reference, _cases_9_1,
-                        MISTAKES_9_1, names=("P_k", "output"), atol=1e-8, rtol=1e-6)
+def _twelve_two():
+    reference = np.arange(48) < 19  # the exact model finds 19 of 48
+    found = reference.copy()
+    found[:12] = False  # 12 of its texts lost
+    found[40:42] = True  # 2 gained
+    return found, reference
+
+
+exercise_9_1 = Exercise("9.1", "is one model better? The paired test on the same texts", _paired_reference,
+                        _cases_9_1, MISTAKES_9_1, names=("lost", "gained", "p"), atol=1e-12, rtol=1e-9)
 
 
 # --- Exercise 9.2: signed weights — the output and its cancellation ---------------------------------
