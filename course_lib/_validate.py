@@ -94,3 +94,72 @@ def check_projection(name, proj, k, is_float):
     if not _broadcastable(proj.shape[:-2], k.shape[:-2]):
         raise ValueError(f"{name} leading dims {tuple(proj.shape[:-2])} do not broadcast with the keys' "
                          f"{tuple(k.shape[:-2])}; use (k, n) for one projection, (h, k, n) for one per head.")
+
+
+def check_chunk_size(chunk_size, is_int):
+    """``chunk_size`` is None (the token loop or prefix sums) or a positive int."""
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not is_int):
+        raise TypeError(f"chunk_size must be None (the token loop) or a positive int, got {chunk_size!r}.")
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int (positions per chunk), got {chunk_size}.")
+
+
+def check_recurrence(q, k, v):
+    """``q (..., n, d)``, ``k (..., n, d)``, ``v (..., n, e)``: one query, key and value per token."""
+    check_qkv(q, k, v)
+    if q.shape[-2] != k.shape[-2]:
+        raise ValueError(f"a recurrence needs one query per key (n = s): q is {tuple(q.shape)}, k is {tuple(k.shape)}.")
+
+
+def per_channel(log_decay, k, name="log_decay"):
+    """True for a decay per channel ``(..., n, d)``, False for one per head ``(..., n)``; else ValueError.
+
+    The rank tells them apart (a decay per channel has the rank of ``k``), so a decay per head of a
+    ``(b, h, n, d)`` input is ``(b, h, n)``, never ``(h, n)``.
+    """
+    n, d, rank = k.shape[-2], k.shape[-1], len(k.shape)
+    shape = tuple(log_decay.shape)
+    if len(shape) == rank - 1 and shape[-1:] == (n,) and _broadcastable(shape[:-1], k.shape[:-2]):
+        return False
+    if len(shape) == rank and shape[-2:] == (n, d) and _broadcastable(shape[:-2], k.shape[:-2]):
+        return True
+    raise ValueError(f"{name} must have shape (..., n) = {(*k.shape[:-2], n)} (one decay per head and token) or "
+                     f"(..., n, d) = {tuple(k.shape)} (one per channel), with k's leading dims; got {shape}.")
+
+
+def check_log_decay(name, largest, finite):
+    """A log decay is finite and ≤ 0 (a decay a = e^{log a} in (0, 1])."""
+    if not finite:
+        raise ValueError(f"{name} must be finite: a decay of exactly 0 (log = -inf) makes the masked differences "
+                         "-inf - (-inf) = NaN; use a large negative value such as -30 instead.")
+    if largest > 0:
+        raise ValueError(f"{name} must be <= 0 (a decay a = exp({name}) in (0, 1]), got values up to {largest:.3g}: "
+                         "a positive log decay makes the state grow without bound. Pass log(a), e.g. logsigmoid(x).")
+
+
+def check_beta(beta, k, lowest, highest, name="beta"):
+    """``beta (..., n)`` with one writing strength per token, in [0, 1]."""
+    n = k.shape[-2]
+    if len(beta.shape) != len(k.shape) - 1 or beta.shape[-1:] != (n,) or not _broadcastable(beta.shape[:-1],
+                                                                                           k.shape[:-2]):
+        raise ValueError(f"{name} must have shape (..., n) = {(*k.shape[:-2], n)}, one strength per token (k is "
+                         f"{tuple(k.shape)}); got {tuple(beta.shape)}.")
+    if not (lowest >= 0 and highest <= 1):  # also False for NaN
+        raise ValueError(f"{name} must lie in [0, 1] (the delta rule's step size), got values in "
+                         f"[{lowest:.3g}, {highest:.3g}]; squash it with a sigmoid.")
+
+
+def key_norm_warning(largest_product):
+    """The text of the warning for keys with β‖k‖² > 2: the update's eigenvalue 1 − β‖k‖² leaves [−1, 1]."""
+    return (f"keys with beta * ||k||^2 up to {largest_product:.3g} > 2: the delta update I - beta k k^T then has an "
+            "eigenvalue 1 - beta ||k||^2 below -1 and the state can grow without bound; L2-normalise the keys.")
+
+
+def check_state(name, state, lead, d, e):
+    """An ``initial_state`` or step state ``(..., d, e)``: keys × values."""
+    if state is None:
+        return
+    shape = tuple(state.shape)
+    if len(shape) < 2 or shape[-2:] != (d, e) or not _broadcastable(shape[:-2], lead):
+        raise ValueError(f"{name} must have shape (..., d, e) = {(*lead, d, e)} (keys x values, as returned with "
+                         f"return_state=True), got {shape}.")

@@ -1,6 +1,6 @@
-"""Attention modules that drop into any model: linear attention, FAVOR+ and Linformer.
+"""Attention modules that drop into any model: linear attention, FAVOR+, Linformer and the gated mixers.
 
-Notebooks 05-09.  Each is multi-head self-attention with the projections of
+Notebooks 05-12.  Each is multi-head self-attention with the projections of
 ``course_lib.torch.full.MultiHeadAttention`` and one of the course's kernels, with the same
 conventions (``course_lib/torch/_attention_module.py``):
 
@@ -15,6 +15,11 @@ conventions (``course_lib/torch/_attention_module.py``):
     module(x, key_mask=None)                        # x (b, n, d_model), key_mask (b, n) → (b, n, d_model)
     LinearAttention.from_attention(layer.attention)  # a MiniLM layer's projections, copied
 
+Notebooks 11 and 12 add the recurrent mixers of ``course_lib/torch/_mixers.py`` (causal, chunked by default):
+
+    GatedLinearAttention(d_model, n_heads, *, decay="head", conv_size=4, chunk_size=DEFAULT_CHUNK_SIZE, ...)
+    DeltaNet(d_model, n_heads, *, gated=False, conv_size=4, chunk_size=DEFAULT_CHUNK_SIZE, ...)
+
 A causal module uses the chunked form (memory linear in n) unless ``chunk_size=None``; padded
 keys (``key_mask`` False) add nothing, causal or not.  ``recurrent(batch_shape)`` gives the
 one-token-at-a-time state of a causal linear or FAVOR+ module (``course_lib.torch.decoding``).
@@ -25,9 +30,10 @@ from torch import nn
 
 from course_lib.torch import linear, performer
 from course_lib.torch._attention_module import ProjectedAttention
+from course_lib.torch._mixers import DeltaNet, GatedLinearAttention  # noqa: F401 (the mixers of notebooks 11-12)
 from course_lib.torch.decoding import RecurrentLinearAttention
 from course_lib.torch.linear import DEFAULT_CHUNK_SIZE, elu_feature_map
-from course_lib.torch.linformer import LinformerSelfAttention  # noqa: F401 (one of this file's three modules)
+from course_lib.torch.linformer import LinformerSelfAttention  # noqa: F401 (one of this file's modules)
 
 
 class LinearAttention(ProjectedAttention):

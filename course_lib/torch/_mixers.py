@@ -1,0 +1,177 @@
+"""Recurrent token mixers of today's linear-attention models: gated linear attention and (gated) DeltaNet.
+
+Notebooks 11 and 12.  Both layers share one front end, so that a comparison between them is about
+the state's update rule alone:
+
+    x (b, n, d_model) → q, k, v = x W_q, x W_k, x W_v  → a short causal depthwise convolution and SiLU
+    → q, k L2-normalised per head, q scaled by 1/√d  → the recurrence  → RMSNorm per head → W_o
+
+(DeltaNet, Yang et al. 2024, §4; Gated DeltaNet, Yang et al. 2025, §3.3.)  The delta rule needs the
+L2 norm (β‖k‖² ≤ 2); the decays use it too, so a decay's effect is not confounded with a key's
+scale.  Names follow ``course_lib.torch.modules``: ``q_proj, k_proj, v_proj, out_proj``;
+``forward(x, *, key_mask=None)``.  Shapes: ``x (b, n, d_model)``, heads ``(b, h, n, d)``.
+
+    GatedLinearAttention(d_model, n_heads, *, decay="head", ...)   decay: "none" | "fixed" | "head" | "channel"
+    DeltaNet(d_model, n_heads, *, gated=False, ...)                Gated DeltaNet with gated=True
+"""
+
+import math
+
+import torch
+from torch import nn
+
+from course_lib import _validate
+from course_lib.torch.delta import delta_rule_attention
+from course_lib.torch.full import merge_heads, split_heads
+from course_lib.torch.gated import DEFAULT_CHUNK_SIZE, gated_linear_attention
+
+DECAYS = ("none", "fixed", "head", "channel")
+
+
+class ShortConvolution(nn.Module):
+    """A causal depthwise convolution over positions, then SiLU: each channel mixes its last ``size`` tokens."""
+
+    def __init__(self, channels, size, *, device=None, dtype=None):
+        super().__init__()
+        self.size = size
+        self.conv = nn.Conv1d(channels, channels, size, groups=channels, padding=size - 1, bias=False,
+                              device=device, dtype=dtype)
+
+    def forward(self, x):  # x (b, n, channels)
+        n = x.shape[1]
+        return nn.functional.silu(self.conv(x.transpose(1, 2))[..., :n].transpose(1, 2))  # left padding only: causal
+
+
+class _RecurrentMixer(nn.Module):
+    """The front end and back end both layers share; a subclass supplies ``recur(x, q, k, v)``."""
+
+    def __init__(self, d_model, n_heads, *, conv_size=4, chunk_size=DEFAULT_CHUNK_SIZE, norm_eps=1e-5, bias=False,
+                 device=None, dtype=None):
+        super().__init__()
+        _validate.check_heads(d_model, n_heads)
+        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
+        self.chunk_size, self.conv_size = chunk_size, conv_size
+        for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            setattr(self, name, nn.Linear(d_model, d_model, bias=bias, device=device, dtype=dtype))
+        self.convs = nn.ModuleList([ShortConvolution(d_model, conv_size, device=device, dtype=dtype)
+                                    for _ in range(3)]) if conv_size else None
+        self.norm = nn.RMSNorm(self.head_dim, eps=norm_eps, device=device, dtype=dtype)  # per head
+
+    def forward(self, x, *, key_mask=None):
+        """``x (b, n, d_model)`` → ``(b, n, d_model)``; padded positions (``key_mask`` False) write nothing."""
+        if key_mask is not None:
+            x = x.masked_fill(~key_mask[..., None], 0.0)  # a zero input writes a zero key and value
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (b, n, d_model)
+        if self.convs is not None:
+            q, k, v = (conv(t) for conv, t in zip(self.convs, (q, k, v), strict=True))
+        else:
+            q, k = nn.functional.silu(q), nn.functional.silu(k)
+        q, k, v = (split_heads(t, self.n_heads) for t in (q, k, v))  # (b, h, n, d)
+        q = nn.functional.normalize(q, dim=-1) / math.sqrt(self.head_dim)
+        k = nn.functional.normalize(k, dim=-1)  # ‖k‖ = 1: the delta rule's eigenvalue 1 - β stays in [0, 1]
+        out = self.recur(x, q, k, v, key_mask)  # (b, h, n, d)
+        return self.out_proj(merge_heads(self.norm(out)))  # (b, n, d_model)
+
+    def state_size(self):
+        """Numbers in the recurrent state per sequence: h heads of d × d (keys × values)."""
+        return self.n_heads * self.head_dim * self.head_dim
+
+    def extra_repr(self):
+        return (f"d_model={self.d_model}, n_heads={self.n_heads}, conv_size={self.conv_size}, "
+                f"chunk_size={self.chunk_size}")
+
+
+class GatedLinearAttention(_RecurrentMixer):
+    """S_t = Diag(a_t) S_{t-1} + k_t v_tᵀ, o_t = S_tᵀ q_t. Notebook 11, Eq. (11.3).
+
+    Args:
+        d_model, n_heads: width and heads.
+        decay: ``"none"`` (a_t = 1: linear attention without a normaliser), ``"fixed"`` (RetNet: a
+            constant a per head, 1 − 2^(−5−i) for head i of 8, spread over the heads), ``"head"`` (a
+            data-dependent a_t per head and token: Mamba-2 / simple GLA), ``"channel"`` (one per key
+            channel: GLA).  Data-dependent decays are log a_t = −exp(A)·softplus(x w + b), Mamba-2's
+            parametrisation, whose log is finite and ≤ 0 by construction.
+        conv_size: the short convolution's width (0: none, SiLU on q and k only).
+        chunk_size: positions per chunk (None: the token loop).
+        norm_eps, bias, device, dtype: the output norm's eps; as for ``nn.Linear``.
+    """
+
+    def __init__(self, d_model, n_heads, *, decay="head", conv_size=4, chunk_size=DEFAULT_CHUNK_SIZE, norm_eps=1e-5,
+                 bias=False, device=None, dtype=None):
+        super().__init__(d_model, n_heads, conv_size=conv_size, chunk_size=chunk_size, norm_eps=norm_eps, bias=bias,
+                         device=device, dtype=dtype)
+        if decay not in DECAYS:
+            raise ValueError(f"decay must be one of {', '.join(map(repr, DECAYS))}; got {decay!r}.")
+        self.decay = decay
+        if decay == "fixed":  # RetNet's γ_i = 1 − 2^(−5−i), stretched over however many heads there are
+            exponents = -5.0 - torch.linspace(0, 7, n_heads, dtype=torch.float64)
+            self.register_buffer("fixed_log_decay", torch.log1p(-torch.exp2(exponents)).to(dtype or torch.float32))
+        elif decay in ("head", "channel"):
+            width = n_heads if decay == "head" else d_model
+            self.a_proj = nn.Linear(d_model, width, bias=True, device=device, dtype=dtype)
+            # A and the bias start Mamba-2's way: decays spread between about e^-0.001 and e^-0.1 per token
+            self.A_log = nn.Parameter(torch.zeros(width, device=device, dtype=dtype))
+            with torch.no_grad():
+                self.a_proj.bias.copy_(torch.log(torch.expm1(torch.logspace(-3, -1, width, dtype=torch.float64))))
+
+    def log_decay(self, x):
+        """log a_t: ``(b, h, n)`` per head or ``(b, h, n, d)`` per channel, or None for ``decay="none"``."""
+        b, n = x.shape[:2]
+        if self.decay == "none":
+            return None
+        if self.decay == "fixed":
+            return self.fixed_log_decay[:, None].expand(b, self.n_heads, n)
+        rate = -torch.exp(self.A_log) * nn.functional.softplus(self.a_proj(x))  # (b, n, h | d_model), ≤ 0
+        if self.decay == "head":
+            return rate.transpose(1, 2)  # (b, h, n)
+        return split_heads(rate, self.n_heads)  # (b, h, n, d)
+
+    def recur(self, x, q, k, v, key_mask):
+        log_decay = self.log_decay(x)
+        if log_decay is None:
+            log_decay = q.new_zeros(q.shape[:-1])  # a = 1
+        elif key_mask is not None:  # a padded position neither writes nor forgets
+            mask = key_mask[:, None, :] if log_decay.dim() == 3 else key_mask[:, None, :, None]
+            log_decay = log_decay.masked_fill(~mask, 0.0)
+        return gated_linear_attention(q, k, v, log_decay, chunk_size=self.chunk_size)
+
+    def extra_repr(self):
+        return super().extra_repr() + f", decay={self.decay!r}"
+
+
+class DeltaNet(_RecurrentMixer):
+    """S_t = a_t (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ, o_t = S_tᵀ q_t. Notebook 11, Eq. (11.5).
+
+    β_t = sigmoid(x w_β + b_β) per head and token; with ``gated=True`` (Gated DeltaNet) log a_t =
+    −exp(A)·softplus(x w_a + b_a) per head, as in ``GatedLinearAttention(decay="head")``.
+
+    Args:
+        d_model, n_heads: width and heads.
+        gated: add the decay a_t (Gated DeltaNet); False is DeltaNet (a_t = 1).
+        conv_size, chunk_size, norm_eps, bias, device, dtype: as for ``GatedLinearAttention``.
+    """
+
+    def __init__(self, d_model, n_heads, *, gated=False, conv_size=4, chunk_size=DEFAULT_CHUNK_SIZE, norm_eps=1e-5,
+                 bias=False, device=None, dtype=None):
+        super().__init__(d_model, n_heads, conv_size=conv_size, chunk_size=chunk_size, norm_eps=norm_eps, bias=bias,
+                         device=device, dtype=dtype)
+        self.gated = gated
+        self.b_proj = nn.Linear(d_model, n_heads, bias=True, device=device, dtype=dtype)
+        if gated:
+            self.a_proj = nn.Linear(d_model, n_heads, bias=True, device=device, dtype=dtype)
+            self.A_log = nn.Parameter(torch.zeros(n_heads, device=device, dtype=dtype))
+            with torch.no_grad():
+                self.a_proj.bias.copy_(torch.log(torch.expm1(torch.logspace(-3, -1, n_heads, dtype=torch.float64))))
+
+    def recur(self, x, q, k, v, key_mask):
+        beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)  # (b, h, n) in (0, 1)
+        log_decay = None
+        if self.gated:
+            log_decay = (-torch.exp(self.A_log) * nn.functional.softplus(self.a_proj(x))).transpose(1, 2)  # (b, h, n)
+        if key_mask is not None:  # a padded position neither writes nor forgets
+            beta = beta.masked_fill(~key_mask[:, None, :], 0.0)
+            log_decay = None if log_decay is None else log_decay.masked_fill(~key_mask[:, None, :], 0.0)
+        return delta_rule_attention(q, k, v, beta, log_decay=log_decay, chunk_size=self.chunk_size)
+
+    def extra_repr(self):
+        return super().extra_repr() + f", gated={self.gated}"
