@@ -191,8 +191,9 @@ def linformer_min_k(n, eps):
     k = ⌈5 ln n / (ε² − ε³)⌉: the paper states that with R ``(k, n)``, entries N(0, 1/k),
     ‖P Rᵀ R v − P v‖ ≤ ε‖P v‖ for a column v of V with probability 1 − o(1).  JL bounds
     the error relative to ‖P‖_F‖v‖, not ‖P v‖ (``amplification_factor``), and notebook 03
-    measures the statement failing for most heads at n = 128.  The natural log is used; the
-    paper writes "log".
+    measures the proof's construction (this R at this k) missing its own probability level for
+    most heads at n = 128; the theorem's claim that some such matrix exists is not what fails.
+    The natural log is used; the paper writes "log".
 
     Args:
         n: sequence length, n >= 2.
