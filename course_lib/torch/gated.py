@@ -5,11 +5,11 @@ a_t = exp(log_decay_t); the state is ``(..., d, e)`` (keys × values).  Same nam
 the NumPy tree; any device, autograd.  float16/bfloat16 inputs are computed in float32 (states and
 sums) and the output cast back.
 
-The chunked form differs from the NumPy one in how it crosses chunks, not in what it computes:
-every chunk is handled at once (batched products), and the state entering chunk g is a sum over
-the earlier chunks' writes weighted by masked decays between chunk ends (one ``(g, g)`` product),
-instead of a Python loop over chunks.  Shapes inside: leading dims flattened into L, ``g`` chunks
-of ``c`` positions, ``i``, ``j`` positions in a chunk.
+The chunked form differs from the NumPy one in what it batches, not in what it computes: every
+chunk's c × c scores and its write to the state are computed for all chunks at once; only the
+state crosses chunks in a Python loop, one multiply-add of a d × e matrix per chunk.  Shapes
+inside: leading dims flattened into L, ``g`` chunks of ``c`` positions, ``i``, ``j`` positions in
+a chunk.
 """
 
 import torch
@@ -91,27 +91,8 @@ def chunk(x, chunk_size):
     return x.reshape(x.shape[0], g, chunk_size, *x.shape[2:])
 
 
-def _between_chunks(writes, chunk_log_decay):
-    """The state entering each chunk, from each chunk's write and its total log decay. Notebook 12, Eq. (12.3).
-
-    S_g = Σ_{h < g} exp(B_g − D_h) ΔS_h, with D_h the cumulative log decay to the end of chunk h and
-    B_g = D_{g-1} to the start of chunk g: masked differences again, each ≤ 0 where kept.
-    ``writes (L, g, d, e)``, ``chunk_log_decay (L, g)`` or ``(L, g, d)``; returns ``(L, g, d, e)`` and B.
-    """
-    D = torch.cumsum(chunk_log_decay, dim=1)  # (L, g[, d]): to the end of each chunk
-    B = D - chunk_log_decay  # (L, g[, d]): to the start of each chunk
-    per_head = D.dim() == 2
-    D, B = (D, B) if per_head else (D.transpose(1, 2), B.transpose(1, 2))  # (L, [d,] g)
-    g = D.shape[-1]
-    earlier = torch.ones(g, g, dtype=torch.bool, device=D.device).tril(-1)  # (g, h): h < g
-    weights = torch.exp((B[..., :, None] - D[..., None, :]).masked_fill(~earlier, float("-inf")))  # (L, [d,] g, h)
-    if per_head:
-        return torch.einsum("Lgh,Lhde->Lgde", weights, writes), B
-    return torch.einsum("Ldgh,Lhde->Lgde", weights, writes), B.transpose(1, 2)
-
-
 def _chunked(q, k, v, log_decay, state, channels, chunk_size):
-    """All chunks at once: masked c × c decays inside, one (g, g) sum across. Notebook 12, Eqs. (12.1)-(12.3)."""
+    """All chunks' masked c × c decays at once, then the state chunk by chunk. Notebook 12, Eqs. (12.1)-(12.3)."""
     lead, n, d, e = q.shape[:-2], q.shape[-2], q.shape[-1], v.shape[-1]
     qc, kc, vc = (chunk(x.reshape(-1, n, x.shape[-1]), chunk_size) for x in (q, k, v))  # (L, g, c, d|e)
     G = torch.cumsum(chunk(log_decay.reshape(-1, n, *log_decay.shape[len(lead) + 1:]), chunk_size), dim=2)
@@ -124,14 +105,15 @@ def _chunked(q, k, v, log_decay, state, channels, chunk_size):
         scores = (qc @ kc.transpose(-1, -2)) * masked_decay(G)  # (L, g, c, c)
         q_decayed, k_to_end = qc * torch.exp(G)[..., None], kc * torch.exp(last - G)[..., None]
     writes = k_to_end.transpose(-1, -2) @ vc  # (L, g, d, e): what each chunk adds, decayed to its end
-    entering, B = _between_chunks(writes, last[:, :, 0])  # (L, g, d, e): the state before chunk g, from zeros
-    start = state.reshape(-1, 1, d, e)  # (L, 1, d, e): the initial state, decayed to each chunk's start (B ≤ 0)
-    entering = entering + (torch.exp(B)[..., None] if channels else torch.exp(B)[..., None, None]) * start
-    out = q_decayed @ entering + scores @ vc  # (L, g, c, e)
-    final = entering[:, -1] * (torch.exp(last[:, -1, 0])[..., None] if channels else torch.exp(last[:, -1])[..., None])
-    final = final + writes[:, -1]
+    chunk_decay = torch.exp(last[:, :, 0])  # (L, g[, d]): each chunk's total decay, ≤ 1
+    chunk_decay = chunk_decay[..., None] if channels else chunk_decay[..., None, None]  # (L, g, d | 1, 1)
+    S, entering = state.reshape(-1, d, e), []
+    for a_g, write_g in zip(chunk_decay.unbind(1), writes.unbind(1), strict=True):  # across chunks, Eq. (12.3)
+        entering.append(S)
+        S = a_g * S + write_g  # (L, d, e)
+    out = q_decayed @ torch.stack(entering, dim=1) + scores @ vc  # (L, g, c, e)
     out = out.reshape(out.shape[0], -1, e)[:, :n]  # (L, n, e)
-    return out.reshape(*lead, n, e), final.reshape(*lead, d, e)
+    return out.reshape(*lead, n, e), S.reshape(*lead, d, e)
 
 
 def gated_linear_attention(q, k, v, log_decay, *, chunk_size=DEFAULT_CHUNK_SIZE, initial_state=None,
