@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from course_lib import bench
+from course_lib.bench import variants
 from course_lib.bench import generation, measure
 from course_lib.torch.linear import DEFAULT_CHUNK_SIZE, causal_linear_attention
 from tests.conftest import HAS_CUDA, requires_cuda
@@ -125,8 +126,34 @@ def test_forward_backward_case_runs_in_process():
 def test_every_variant_runs_forward_and_backward(variant):
     case = bench.Case(variant, 64, k=16 if "k" in bench.VARIANTS[variant].sizes else 0,
                       m=8 if "m" in bench.VARIANTS[variant].sizes else 0, mode="forward+backward", **SMALL)
+    if variant.startswith("fla_") and not _peer_installed():
+        # The peer lives outside the course (tools/peer_env.py); without it the row must say how to get it.
+        row = bench.run_isolated(case)
+        assert row["status"] == "error" and "tools/peer_env.py" in row["message"], row
+        return
     row = bench.run_case(case)
     assert row["status"] == "ok" and row["time_median_s"] > 0 and row["flops"] > 0
+
+
+def _peer_installed():
+    try:
+        variants.load_peer("fla_delta_naive")
+        variants.load_peer("fla_gated_delta_naive")
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def test_the_recurrences_agree_with_their_token_loops_and_the_peer():
+    out = _outputs(["delta", "delta_loop", "gated_delta", "gated_delta_loop", "gla", "gla_loop"], n=70, chunk=16)
+    for name in ("delta", "gated_delta", "gla"):
+        torch.testing.assert_close(out[name], out[f"{name}_loop"], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(out["delta"], out["gated_delta"], atol=1e-3)  # the decay is really applied
+    if _peer_installed():  # the peer scales q by 1/√d inside; the course leaves scaling to the caller
+        peer = _outputs(["fla_delta", "fla_gated_delta"], n=64)
+        ours = _outputs(["delta", "gated_delta"], n=64)
+        for name in ("delta", "gated_delta"):
+            torch.testing.assert_close(peer[f"fla_{name}"] * 4.0, ours[name], atol=1e-4, rtol=1e-4)
 
 
 def _outputs(variants, n=48, **sizes):

@@ -48,6 +48,7 @@ class Part:
     mode: str = "forward"
     ks: tuple = (128,)
     ms: tuple = (256,)
+    chunks: tuple = (0,)  # chunk sizes of the variants that have one (0: the library's default)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +99,25 @@ LINFORMER = Preset(
     parts=(Part(("exact", "sdpa", "linformer", "linformer_reference"), _powers(512, 8192), ks=(128, 256, 512)),),
 )
 
-PRESETS = {"grid": GRID, "linformer": LINFORMER}
+# The recurrences of lessons 11-12 beside their peer, flash-linear-attention 0.6.0's pure-PyTorch references
+# (``python tools/peer_env.py`` first; without it their rows are errors that say so).  The chunk sweep at
+# n = 4,096 is what DEFAULT_CHUNK_SIZE (course_lib/numpy/gated.py) was chosen from.
+RECURRENT = Preset(
+    about="lessons 11-12: the delta rule, gated delta rule and gated linear attention, chunked, looped and the "
+          "peer's, forward+backward, n = 256 … 16,384, h = 4; chunk sizes 16 … 256 at n = 4,096",
+    csv="bench_recurrent_cpu.csv",
+    parts=(
+        Part(("delta", "gated_delta", "gla", "gla_channel", "fla_delta", "fla_gated_delta"), _powers(256, 16384),
+             "forward+backward"),
+        Part(("delta_loop", "gated_delta_loop", "gla_loop"), _powers(256, 2048), "forward+backward"),
+        Part(("delta", "gated_delta", "gla"), (4096,), "forward+backward", chunks=(16, 32, 64, 128, 256)),
+        Part(("delta", "gated_delta", "fla_delta", "fla_gated_delta"), _powers(256, 16384)),
+    ),
+    setting=dict(b=1, h=4, d=64, dtype="float32", device="cpu", threads=0),
+    budget=10.0,
+)
+
+PRESETS = {"grid": GRID, "linformer": LINFORMER, "recurrent": RECURRENT}
 
 
 def data_file(preset):
@@ -115,9 +134,9 @@ def cases(preset, *, repeats=None, warmup=None, threads=None, skipped=None):
                   warmup=preset.warmup if warmup is None else warmup)
     if threads is not None:
         common["threads"] = threads
-    every = {key(case): case for part in preset.parts  # a case in two parts is measured once
+    every = {key(case): case for part in preset.parts for chunk in part.chunks  # a case in two parts: once
              for case in make_cases(part.variants, part.ns, part.ks, part.ms, skipped=skipped, mode=part.mode,
-                                    **common)}.values()
+                                    **common, chunk=chunk)}.values()
     # Forward before forward+backward, n ascending: a run cut short still holds every variant at small n.
     return sorted(every, key=lambda case: (MODES.index(case.mode), case.n))
 

@@ -17,7 +17,11 @@ The linear-attention and Performer modules are imported inside the builders, so 
 """
 
 import dataclasses
+import importlib.util
 import math
+import os
+import pathlib
+import sys
 
 import torch
 
@@ -76,10 +80,13 @@ def linear_flops(case, f=None):
 
 
 def chunk_size(case):
-    """The chunk c of ``case``: its own, else the library's ``DEFAULT_CHUNK_SIZE``."""
+    """The chunk c of ``case``: its own, else the library's ``DEFAULT_CHUNK_SIZE`` for that variant's module."""
     if case.chunk:
         return case.chunk
-    from course_lib.torch.linear import DEFAULT_CHUNK_SIZE
+    if case.variant in RECURRENT:
+        from course_lib.torch.gated import DEFAULT_CHUNK_SIZE
+    else:
+        from course_lib.torch.linear import DEFAULT_CHUNK_SIZE
 
     return DEFAULT_CHUNK_SIZE
 
@@ -106,6 +113,40 @@ def performer_flops(case):
     Notebook 08, Eq. (8.6).  FLOPs = 2·b·h·(n + s)·d·m + linear attention with f = m.
     """
     return 2 * case.b * case.h * (case.n + case.n) * case.d * case.m + linear_flops(case, f=case.m)
+
+
+def gated_flops(case):
+    """Chunked gated linear attention (a decay per head): per chunk of c, Q Kᵀ and its product with V
+    (c × c blocks in full), Q S and the chunk's write Kᵀ V (d × e each).
+
+    Notebook 12, Eqs. (12.1)-(12.3).  FLOPs = 2·b·h·n·(c·(d + e) + 2·d·e).
+    """
+    return 2 * case.b * case.h * case.n * (chunk_size(case) * (case.d + case.d) + 2 * case.d * case.d)
+
+
+def delta_flops(case):
+    """The chunked (WY/UT) delta rule: per chunk of c, K Kᵀ and Q Kᵀ (c² d each), the triangular solve for
+    W and U (c²(d + e)/2), W S, Q S and Kᵀ Ũ (c d e each), and the scores times Ũ (c² e).
+
+    Notebook 12, Eq. (12.7).  FLOPs = 2·b·h·n·(c·(2.5 d + 1.5 e) + 3·d·e).
+    """
+    c, d, e = chunk_size(case), case.d, case.d
+    return 2 * case.b * case.h * case.n * (c * (2.5 * d + 1.5 * e) + 3 * d * e)
+
+
+def peer_delta_flops(case):
+    """The peer at its chunk of 64: ``delta_flops`` with c = 64 (its solve is a row-by-row loop, the same products)."""
+    return delta_flops(dataclasses.replace(case, chunk=PEER_CHUNK))
+
+
+def loop_flops(case):
+    """The token loop of the delta rule: per token kᵀS, the rank-one update and qᵀS, d·e each. 2·b·h·n·3·d·e."""
+    return 2 * case.b * case.h * case.n * 3 * case.d * case.d
+
+
+def gated_loop_flops(case):
+    """The token loop of gated linear attention: per token the write k vᵀ and the read qᵀS. 2·b·h·n·2·d·e."""
+    return 2 * case.b * case.h * case.n * 2 * case.d * case.d
 
 
 def total_flops(case):
@@ -177,6 +218,76 @@ def _build_performer(case, t, causal=False, prefix=False):
     return (lambda: performer_attention(t["q"], t["k"], t["v"], omega, causal=causal, **options)), _qkv(t)
 
 
+# --- the recurrences of notebooks 11-12 and their peer ----------------------------------------
+
+PEER_CHUNK = 64  # flash-linear-attention's references at the chunk the course compares with
+PEER_HINT = "the peer is not installed: run `python tools/peer_env.py` (benchmark environment only)"
+
+
+def load_peer(name, folder=None):
+    """One of flash-linear-attention 0.6.0's reference files, loaded by path (``tools/peer_env.py`` unpacks them).
+
+    ``folder``: where they lie; default ``$COURSE_PEER_DIR`` or ``build/peer`` in the repository.
+    """
+    folder = pathlib.Path(folder or os.environ.get("COURSE_PEER_DIR")
+                          or pathlib.Path(__file__).resolve().parents[2] / "build" / "peer")
+    path = folder / f"{name}.py"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} missing: {PEER_HINT}")
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))  # for einops, unpacked beside the files
+    spec = importlib.util.spec_from_file_location(f"peer_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _recurrent_inputs(case, t, channels=False):
+    """Unit keys (β‖k‖² ≤ 1, as the mixers make them), β in (0, 1), log decays near −0.02 per token."""
+    t["k"] = torch.nn.functional.normalize(t["k"], dim=-1)
+    shape = (case.b, case.h, case.n)
+    t["beta"] = torch.sigmoid(torch.randn(shape, generator=t["gen"])).to(t["q"])
+    gate_shape = (*shape, case.d) if channels else shape
+    t["log_decay"] = torch.nn.functional.logsigmoid(torch.randn(gate_shape, generator=t["gen"]) + 4).to(t["q"])
+
+
+def _build_delta(case, t, gated=False, loop=False):
+    from course_lib.torch.delta import delta_rule_attention
+
+    _recurrent_inputs(case, t)
+    options = {"chunk_size": None} if loop else ({"chunk_size": case.chunk} if case.chunk else {})
+    if gated:
+        options["log_decay"] = t["log_decay"]
+    leaves = [*_qkv(t), t["beta"], *([t["log_decay"]] if gated else [])]
+    return (lambda: delta_rule_attention(t["q"], t["k"], t["v"], t["beta"], **options)), leaves
+
+
+def _build_gla(case, t, channels=False, loop=False):
+    from course_lib.torch.gated import gated_linear_attention
+
+    _recurrent_inputs(case, t, channels)
+    options = {"chunk_size": None} if loop else ({"chunk_size": case.chunk} if case.chunk else {})
+    leaves = [*_qkv(t), t["log_decay"]]
+    return (lambda: gated_linear_attention(t["q"], t["k"], t["v"], t["log_decay"], **options)), leaves
+
+
+def _build_peer_delta(case, t):
+    peer = load_peer("fla_delta_naive")
+    _recurrent_inputs(case, t)
+    return (lambda: peer.delta_rule_chunkwise(t["q"], t["k"], t["v"], t["beta"], chunk_size=PEER_CHUNK)[0]), \
+        [*_qkv(t), t["beta"]]
+
+
+def _build_peer_gated_delta(case, t):
+    peer = load_peer("fla_gated_delta_naive")
+    _recurrent_inputs(case, t)
+    # Its own layout, (b, n, h, d), made before the timed call: the leaves are what it is given.
+    q, k, v, g, beta = (x.transpose(1, 2).contiguous() for x in (t["q"], t["k"], t["v"], t["log_decay"], t["beta"]))
+    # Its output (b, n, h, e) is handed back as (b, h, n, e), a view, like every other variant's.
+    return (lambda: peer.naive_chunk_gated_delta_rule(q, k, v, g, beta, chunk_size=PEER_CHUNK)[0].transpose(1, 2)), \
+        [q, k, v, g, beta]
+
+
 @dataclasses.dataclass
 class Variant:
     """``build(case, tensors)`` returns ``(fn, leaves)``: a call, and the inputs that get gradients."""
@@ -212,7 +323,27 @@ VARIANTS = {
                                 "performer_attention(causal=True) as called by default: chunked"),
     "causal_performer_prefix": Variant(_causal(_build_performer, prefix=True), performer_flops, ("m",),
                                        "performer_attention(causal=True, chunk_size=None): prefix sums"),
+    # Notebooks 11-12: the recurrences, chunked as the library calls them by default, their token loops, the peer.
+    "delta": Variant(_build_delta, delta_flops, ("chunk",), "delta_rule_attention as called by default: WY/UT "
+                     "chunks (DeltaNet)"),
+    "gated_delta": Variant(lambda case, t: _build_delta(case, t, gated=True), delta_flops, ("chunk",),
+                           "delta_rule_attention(log_decay=...) by default: Gated DeltaNet, chunked"),
+    "gla": Variant(_build_gla, gated_flops, ("chunk",), "gated_linear_attention, a decay per head, chunked"),
+    "gla_channel": Variant(lambda case, t: _build_gla(case, t, channels=True), gated_flops, ("chunk",),
+                           "gated_linear_attention, a decay per channel (GLA), chunked"),
+    "delta_loop": Variant(lambda case, t: _build_delta(case, t, loop=True), loop_flops,
+                          about="delta_rule_attention(chunk_size=None): the token loop"),
+    "gated_delta_loop": Variant(lambda case, t: _build_delta(case, t, gated=True, loop=True), loop_flops,
+                                about="the gated delta rule's token loop"),
+    "gla_loop": Variant(lambda case, t: _build_gla(case, t, loop=True), gated_loop_flops,
+                        about="gated_linear_attention(chunk_size=None): the token loop"),
+    "fla_delta": Variant(_build_peer_delta, peer_delta_flops, about="the peer: flash-linear-attention 0.6.0's "
+                         "delta_rule_chunkwise (pure PyTorch, chunk 64), tools/peer_env.py"),
+    "fla_gated_delta": Variant(_build_peer_gated_delta, peer_delta_flops, about="the peer: flash-linear-attention "
+                               "0.6.0's naive_chunk_gated_delta_rule (pure PyTorch, chunk 64)"),
 }
+RECURRENT = ("delta", "gated_delta", "gla", "gla_channel", "delta_loop", "gated_delta_loop", "gla_loop", "fla_delta",
+             "fla_gated_delta")
 
 
 # --- the grid ---------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from course_lib import _validate
 # trees).  Chosen by the lesson-12 grid, ``python -m course_lib.bench --preset recurrent`` (b = 1, h = 4,
 # d = e = 64, float32, forward+backward of the PyTorch form on this course's 2-core CPU): see the
 # comment on course_lib.bench.presets.RECURRENT for the measured times.  chunk_size=None is the token loop.
-DEFAULT_CHUNK_SIZE = 64
+DEFAULT_CHUNK_SIZE = 32
 
 
 def _work_dtype(*xs):
