@@ -60,11 +60,12 @@ def ut_transform(k, beta, log_decay=None):
         ``T (..., c, c)``, lower triangular.
     """
     c = k.shape[-2]
+    eye = np.eye(c, dtype=np.result_type(k, beta))  # in the inputs' dtype: a float64 eye would promote float32
     gram = k @ np.swapaxes(k, -1, -2)  # (..., c, c): k_iᵀ k_j
     if log_decay is not None:
         gram = gram * masked_decay(np.cumsum(log_decay, axis=-1))
-    lower = np.eye(c) + np.tril(beta[..., :, None] * gram, -1)  # (..., c, c), ones on the diagonal
-    return np.linalg.solve(lower, np.eye(c) * beta[..., None, :])  # (..., c, c)
+    lower = eye + np.tril(beta[..., :, None] * gram, -1)  # (..., c, c), ones on the diagonal
+    return np.linalg.solve(lower, eye * beta[..., None, :])  # (..., c, c)
 
 
 def _chunked(q, k, v, beta, log_decay, state, chunk_size):
