@@ -60,8 +60,10 @@ class _RecurrentMixer(nn.Module):
     def forward(self, x, *, key_mask=None):
         """``x (b, n, d_model)`` → ``(b, n, d_model)``; padded positions (``key_mask`` False) write nothing."""
         if key_mask is not None:
-            x = x.masked_fill(~key_mask[..., None], 0.0)  # a zero input writes a zero key and value
+            x = x.masked_fill(~key_mask[..., None], 0.0)  # what the decay and β projections of a pad see
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (b, n, d_model)
+        if key_mask is not None:  # zero after the projections as well: a pad's bias must reach neither conv nor state
+            q, k, v = (t.masked_fill(~key_mask[..., None], 0.0) for t in (q, k, v))
         if self.convs is not None:
             q, k, v = (conv(t) for conv, t in zip(self.convs, (q, k, v), strict=True))
         else:
@@ -69,6 +71,8 @@ class _RecurrentMixer(nn.Module):
         q, k, v = (split_heads(t, self.n_heads) for t in (q, k, v))  # (b, h, n, d)
         q = nn.functional.normalize(q, dim=-1) / math.sqrt(self.head_dim)
         k = nn.functional.normalize(k, dim=-1)  # ‖k‖ = 1: the delta rule's eigenvalue 1 - β stays in [0, 1]
+        if key_mask is not None:  # the convolution carries earlier tokens into a pad's key: a pad writes nothing
+            k = k.masked_fill(~key_mask[:, None, :, None], 0.0)
         out = self.recur(x, q, k, v, key_mask)  # (b, h, n, d)
         return self.out_proj(merge_heads(self.norm(out)))  # (b, n, d_model)
 
