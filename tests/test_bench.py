@@ -18,8 +18,7 @@ import pytest
 import torch
 
 from course_lib import bench
-from course_lib.bench import variants
-from course_lib.bench import generation, measure
+from course_lib.bench import generation, measure, variants
 from course_lib.torch.linear import DEFAULT_CHUNK_SIZE, causal_linear_attention
 from tests.conftest import HAS_CUDA, requires_cuda
 

@@ -51,7 +51,8 @@ def ut_transform(k, beta, log_decay=None):
     """T = (I + tril(Diag(β) (Γ ⊙ K Kᵀ), -1))⁻¹ Diag(β) for one chunk. Notebook 12, Eq. (12.6).
 
     Γ_ij = exp(G_i − G_j) with G the cumulative log decay inside the chunk (Γ = 1 without decay).
-    The matrix inverted is unit lower triangular: one triangular solve, no pivoting needed.
+    The matrix inverted is unit lower triangular: forward substitution, no pivoting needed (NumPy has
+    no triangular solver, so a general solve is used and its result cut to the lower triangle).
 
     Args:
         k: ``(..., c, d)``; beta: ``(..., c)``; log_decay: ``(..., c)`` or None.
@@ -65,7 +66,8 @@ def ut_transform(k, beta, log_decay=None):
     if log_decay is not None:
         gram = gram * masked_decay(np.cumsum(log_decay, axis=-1))
     lower = eye + np.tril(beta[..., :, None] * gram, -1)  # (..., c, c), ones on the diagonal
-    return np.linalg.solve(lower, eye * beta[..., None, :])  # (..., c, c)
+    # NumPy has no triangular solver: a general (LU) solve leaves rounding of order 1e-17 above the diagonal.
+    return np.tril(np.linalg.solve(lower, eye * beta[..., None, :]))  # (..., c, c)
 
 
 def _chunked(q, k, v, beta, log_decay, state, chunk_size):
