@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from course_lib.checks import FAILED, PASSED
-from course_lib.checks.lesson01 import exercise_1_1
+from course_lib.checks import FAILED, NOT_ATTEMPTED, PASSED
+from course_lib.checks.lesson01 import EXERCISES, check_split_heads, exercise_1_1, exercise_1_2
 from course_lib.checks.lesson02 import exercise_2_2
 from course_lib.checks.lesson03 import exercise_3_2, exercise_3_3
 from course_lib.checks.lesson04 import exercise_4_1
@@ -47,6 +47,78 @@ def attention_divide_where(q, k, v, causal=False, key_mask=None):
     total = weights.sum(axis=-1, keepdims=True)
     weights = np.divide(weights, total, out=np.zeros_like(weights), where=total > 0)
     return weights, weights @ v
+
+
+# --- 1.2: what h heads cost (FLOPs and the number of attention weights) -------------------------
+
+
+def costs_in_integers(n, d_model, n_heads):
+    """Python integers, per head then times h: (flops, weights) as a tuple."""
+    d = d_model // n_heads
+    return n_heads * (2 * n * n * d + 2 * n * n * d), n_heads * n * n
+
+
+def costs_as_array(n, d_model, n_heads):
+    """h heads of width d_model / h cost the FLOPs of one head of width d_model: 4 n² d_model, as an array."""
+    return np.array([4.0 * n**2 * d_model, n_heads * n**2])
+
+
+def costs_as_list_of_numpy_scalars(n, d_model, n_heads):
+    scores = np.float64(n) * n * (d_model / n_heads)  # multiply-adds of one head's Q Kᵀ, as many for P V
+    return [n_heads * 2 * 2 * scores, np.int64(n_heads) * n * n]
+
+
+@pytest.mark.parametrize("answer", [costs_in_integers, costs_as_array, costs_as_list_of_numpy_scalars],
+                         ids=lambda f: f.__name__)
+def test_exercise_1_2_accepts_every_form_of_the_right_counts(answer, capsys):
+    result = exercise_1_2(answer)
+    assert result.status == PASSED, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer, mistake", [
+    (lambda n, d_model, h: (4 * h * n * n * d_model, h * n * n), "heads-at-full-width"),
+    (lambda n, d_model, h: (4 * n * n * d_model / h, n * n), "one-head-only"),
+    (lambda n, d_model, h: (4 * n * n * d_model, n * n), "one-P-for-all-heads"),
+    (lambda n, d_model, h: np.array([4 * n * n * d_model, n * n / h]), "P-split-among-heads"),
+    (lambda n, d_model, h: [h * 2 * n * n * (d_model // h), h * n * n], "half-the-flops"),  # Q Kᵀ only
+], ids=["full-width", "one-head", "shared-P", "split-P", "scores-only"])
+def test_exercise_1_2_names_each_slip_written_by_hand(answer, mistake, capsys):
+    result = exercise_1_2(answer)
+    out = capsys.readouterr().out
+    assert result.status == FAILED and result.mistake == mistake, out
+    assert next(m for m in exercise_1_2.mistakes if m.name == mistake).hint in out
+
+
+def test_exercise_1_2_models_at_least_three_slips_each_wrong_on_the_first_case():
+    # The first case has h = 3 heads: every modelled slip must differ there from the right counts, and from
+    # every other slip, so the hint that comes back is that slip's own.
+    description, args, kwargs = exercise_1_2.cases()[0]
+    answers = [exercise_1_2.reference(*args)] + [m.fn(*args) for m in exercise_1_2.mistakes]
+    assert len(exercise_1_2.mistakes) >= 3 and len(set(answers)) == len(answers), answers
+
+
+def test_exercise_1_2_reports_a_result_of_the_wrong_length(capsys):
+    result = exercise_1_2(lambda n, d_model, h: 4 * n * n * d_model)
+    assert result.status == FAILED and "expected 2 result(s) (flops, weights), got 1" in capsys.readouterr().out
+
+
+# --- lesson 00's demonstration: split_heads, a check that is not an exercise ------------------------
+
+
+def test_the_lesson00_demonstration_is_not_an_exercise_and_reports_all_three_outcomes(capsys):
+    from course_lib.numpy import full
+
+    assert check_split_heads not in EXERCISES
+    assert check_split_heads(full.split_heads).status == PASSED
+
+    def stub(x, n_heads):
+        raise NotImplementedError("Exercise 0.1: split the model width into heads")
+
+    assert check_split_heads(stub).status == NOT_ATTEMPTED
+    for mistake in check_split_heads.mistakes:
+        result = check_split_heads(mistake.fn)
+        assert result.status == FAILED and result.mistake == mistake.name
+        assert mistake.hint in capsys.readouterr().out
 
 
 # --- 2.2: the rank for a relative Frobenius error ---------------------------------------------

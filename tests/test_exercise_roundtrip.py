@@ -25,10 +25,10 @@ def test_untouched_then_wrong_answer(tmp_path):
     nb = nbformat.read(EXERCISE, as_version=4)
     stub = next(c for c in nb.cells if c.cell_type == "code" and "Exercise 1.2:" in c.source)
     stub.source = stub.source.replace(
-        "    # YOUR CODE HERE\n    raise NotImplementedError('Exercise 1.2: split the model width into heads')",
-        "    *lead, n, width = x.shape\n    return x.reshape(*lead, n_heads, n, width // n_heads)")
+        "    # YOUR CODE HERE\n    raise NotImplementedError('Exercise 1.2: what h heads cost')",
+        "    d = d_model / n_heads\n    return n_heads * 4 * n * n * d, n * n  # one P for all heads: a classic slip")
     assert "raise NotImplementedError" not in stub.source
     out = _run(nb, tmp_path)
     assert "Exercise 1.2: failed" in out
-    assert "hint: reshaping straight to (..., h, n, d)" in out
+    assert "hint: each head has its own scores and its own softmax" in out
     assert "Exercise 1.1: not attempted" in out and "Exercise 1.3: not attempted" in out

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from course_lib.checks import Exercise, Mistake
+from course_lib.checks import Exercise, Mistake, to_numpy
 from course_lib.numpy import full
 
 
@@ -152,7 +152,86 @@ exercise_1_1 = _MaskExercise("1.1", "one mask for causal attention and key paddi
                              _attention_reference, _cases_1_1, MISTAKES_1_1, names=("weights", "output"))
 
 
-# --- Exercise 1.2: splitting the model width into heads ------------------------------------
+# --- Exercise 1.2: what h heads cost ----------------------------------------------------------
+# Eq. (1.5) counted: h heads of width d = d_model / h do the FLOPs of one head of width d_model,
+# but each head keeps its own (n, n) matrix P, so the weights grow h-fold.  The learner returns
+# (flops, weights) for one sequence; the check passes numbers, not data.
+
+def _costs_reference(n, d_model, n_heads):
+    d = d_model / n_heads  # each head's width: the heads split d_model
+    flops = n_heads * 2 * (n * n * d + n * n * d)  # per head Q Kᵀ and P V, n·n·d multiply-adds each, 2 FLOPs each
+    return float(flops), float(n_heads * n * n)  # one (n, n) matrix P per head
+
+
+def _costs_with(*, head_width="split", heads_of_flops="all", products=2, p_matrices="per-head"):
+    """Exercise 1.2's function, made with one slip in the head width, the products counted or the P matrices."""
+    def costs(n, d_model, n_heads):
+        d = d_model if head_width == "full" else d_model / n_heads
+        flops = (n_heads if heads_of_flops == "all" else 1) * 2 * products * n * n * d  # 2 FLOPs a multiply-add
+        weights = {"per-head": n_heads, "one": 1, "split": 1 / n_heads}[p_matrices] * n * n
+        return float(flops), float(weights)
+    return costs
+
+
+MISTAKES_1_2 = (
+    Mistake("heads-at-full-width", _costs_with(head_width="full"),
+            "each head works at width d = d_model / h, not d_model: the heads split the width (Eq. 1.5, the "
+            "reshape (n, h·d) → (h, n, d)), so h heads of width d_model / h do the FLOPs of one head of width "
+            "d_model."),
+    Mistake("one-head-only", _costs_with(heads_of_flops="one", p_matrices="one"),
+            "these are one head's costs: a layer runs h heads side by side, each with its own two products and "
+            "its own P; count all h."),
+    Mistake("one-P-for-all-heads", _costs_with(p_matrices="one"),
+            "each head has its own scores and its own softmax, so its own (n, n) matrix P: h heads store h·n² "
+            "weights, not n²."),
+    Mistake("P-split-among-heads", _costs_with(p_matrices="split"),
+            "the heads split the width, not P: every head's P is n × n whatever its width d, so h heads store "
+            "h·n² weights, not n²/h."),
+    Mistake("half-the-flops", _costs_with(products=1),
+            "half the FLOPs: count both products, the scores Q Kᵀ and the output P V (n·n·d multiply-adds each, "
+            "per head), and a multiply-add as 2 FLOPs (a multiply and an add)."),
+)
+
+
+def _cases_1_2():
+    rng = np.random.default_rng(12)
+    drawn = [(int(rng.integers(2, 3000)), int(rng.choice([16, 32, 64])), int(rng.choice([2, 4, 8, 16])))
+             for _ in range(2)]  # (n, d, h): d_model = h·d
+    return [
+        ("n = 8 tokens, d_model = 12, h = 3 heads", (8, 12, 3), {}),
+        ("BERT-base's layer: n = 512, d_model = 768, h = 12", (512, 768, 12), {}),
+        ("one head: n = 1,024, d_model = 64, h = 1", (1024, 64, 1), {}),
+        *[(f"n = {n:,}, d_model = {h * d}, h = {h}", (n, h * d, h), {}) for n, d, h in drawn],
+    ]
+
+
+def _as_two_numbers(candidate):
+    """``candidate``, with a result of two numbers (a tuple, a list, an array) returned as two floats."""
+    def checked(n, d_model, n_heads):
+        out = candidate(n, d_model, n_heads)
+        parts = out if isinstance(out, (tuple, list)) else [out]
+        try:
+            values = np.concatenate([np.ravel(to_numpy(x)) for x in parts]).astype(float)
+        except (TypeError, ValueError):  # not numbers: shown to the learner as it came back
+            return out
+        return tuple(float(x) for x in values) if values.size == 2 else out
+    return checked
+
+
+class _CostExercise(Exercise):
+    """Exercise 1.2's check: ``(flops, weights)`` accepted as a tuple, a list or an array, ints or floats."""
+
+    def __call__(self, candidate, *, verbose=True):
+        return super().__call__(_as_two_numbers(candidate), verbose=verbose)
+
+
+exercise_1_2 = _CostExercise("1.2", "what h heads cost", _costs_reference, _cases_1_2, MISTAKES_1_2,
+                             names=("flops", "weights"))
+
+
+# --- Lesson 00's demonstration of a check (not an exercise) ----------------------------------
+# Lesson 00 shows what a check reports, on lesson 01's split_heads (section 1.4): "not attempted"
+# for a stub, "failed" with the slip named, "passed".  It is numbered 0.1 and is in no EXERCISES list.
 
 def _reshape_only(x, n_heads):
     *lead, n, width = x.shape
@@ -170,7 +249,7 @@ def _heads_inner(x, n_heads):
     return np.moveaxis(x, -1, -3)  # (..., h, n, d)
 
 
-MISTAKES_1_2 = (
+MISTAKES_SPLIT_HEADS = (
     Mistake("reshape-without-transpose", _reshape_only,
             "reshaping straight to (..., h, n, d) mixes positions into heads: reshape to "
             "(..., n, h, d) first, then swap the n and h axes."),
@@ -182,7 +261,7 @@ MISTAKES_1_2 = (
 )
 
 
-def _cases_1_2():
+def _cases_split_heads():
     rng = np.random.default_rng(12)
     return [
         ("(n, h*d) = (4, 2*3)", (rng.standard_normal((4, 6)), 2), {}),
@@ -190,8 +269,8 @@ def _cases_1_2():
     ]
 
 
-exercise_1_2 = Exercise("1.2", "split the model width into heads", full.split_heads, _cases_1_2,
-                        MISTAKES_1_2, names=("heads",))
+check_split_heads = Exercise("0.1", "split the model width into heads (lesson 00's demonstration)",
+                             full.split_heads, _cases_split_heads, MISTAKES_SPLIT_HEADS, names=("heads",))
 
 
 # --- Exercise 1.3: two blocks of keys, merged without P -------------------------------------
