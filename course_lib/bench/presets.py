@@ -101,7 +101,9 @@ LINFORMER = Preset(
 
 # The recurrences of lessons 11-12 beside their peer, flash-linear-attention 0.6.0's pure-PyTorch references
 # (``python tools/peer_env.py`` first; without it their rows are errors that say so).  The chunk sweep at
-# n = 4,096 is what DEFAULT_CHUNK_SIZE (course_lib/numpy/gated.py) was chosen from.
+# n = 4,096 is what DEFAULT_CHUNK_SIZE (course_lib/numpy/gated.py) was chosen from.  One thread per case: a
+# two-thread call on a 2-core machine stalls whenever anything else runs (seen: 200x on single calls), one
+# thread keeps the other core for the rest of the machine; the peer is measured the same way.
 RECURRENT = Preset(
     about="lessons 11-12: the delta rule, gated delta rule and gated linear attention, chunked, looped and the "
           "peer's, forward+backward, n = 256 … 16,384, h = 4; chunk sizes 16 … 256 at n = 4,096",
@@ -113,7 +115,7 @@ RECURRENT = Preset(
         Part(("delta", "gated_delta", "gla"), (4096,), "forward+backward", chunks=(16, 32, 64, 128, 256)),
         Part(("delta", "gated_delta", "fla_delta", "fla_gated_delta"), _powers(256, 16384)),
     ),
-    setting=dict(b=1, h=4, d=64, dtype="float32", device="cpu", threads=0),
+    setting=dict(b=1, h=4, d=64, dtype="float32", device="cpu", threads=1),
     budget=10.0,
 )
 
