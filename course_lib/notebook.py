@@ -24,6 +24,7 @@ LESSONS = {
     "08_favor_plus": "08 · FAVOR+: softmax attention from positive orthogonal random features",
     "09_putting_it_together": "09 · Putting it together: choosing an efficient attention",
     "10_linearizing": "10 · Linearizing a pretrained transformer: distilling softmax into linear attention",
+    "12_chunkwise_gating_delta": "12 · Chunkwise-parallel gating and the delta rule",
 }
 
 
@@ -95,3 +96,16 @@ def lesson_map():
     """The lessons as a Markdown table (shown in notebook 00)."""
     rows = [f"| `notebooks/{name}.ipynb` | {title} |" for name, title in LESSONS.items()]
     return "\n".join(["| notebook | lesson |", "|---|---|", *rows])
+
+
+def show_table(header, rows, note=""):
+    """Display printed results as a small Markdown table (a slide shows it large); numeric columns right-aligned."""
+    import re
+
+    from IPython.display import Markdown, display
+
+    rows = [[str(cell) for cell in row] for row in rows]
+    numeric = [j > 0 and all(re.fullmatch(r"[-+±×.,%\d e<>]+", row[j]) for row in rows) for j in range(len(header))]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" if right else ":---" for right in numeric) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    display(Markdown("\n".join(lines) + (f"\n\n{note}" if note else "")))
