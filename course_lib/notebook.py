@@ -24,6 +24,7 @@ LESSONS = {
     "08_favor_plus": "08 · FAVOR+: softmax attention from positive orthogonal random features",
     "09_putting_it_together": "09 · Putting it together: choosing an efficient attention",
     "10_linearizing": "10 · Linearizing a pretrained transformer: distilling softmax into linear attention",
+    "11_state_capacity": "11 · What a fixed state remembers",
     "12_chunkwise_gating_delta": "12 · Chunkwise-parallel gating and the delta rule",
 }
 

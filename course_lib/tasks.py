@@ -414,3 +414,151 @@ def _score_copy(model, tokens):
 def evaluate_copy(model, *, length, n_symbols, generator, min_length=None, batch_size=256):
     """``(loss, accuracy)`` on one held-out copy batch; accuracy is per copied token (teacher forcing)."""
     return _score_copy(model, copy_batch(batch_size, length, n_symbols, generator, min_length=min_length))
+
+
+# --- Lesson 11: multi-query associative recall (MQAR) --------------------------------------
+
+MIXERS = ("softmax", "linear", "retnet", "gate", "deltanet", "gated_deltanet")  # notebook 11's six token mixers
+
+
+def mqar_batch(batch_size, n_pairs, generator, *, n_keys=32, n_values=32):
+    """A batch of multi-query associative recall: N key-value pairs, then every key asked again. Notebook 11.
+
+    Zoology's MQAR (Arora et al. 2023, arXiv 2312.04927, §3), in its simplest layout: a row is
+    ``k_1 v_1 k_2 v_2 … k_N v_N q_1 … q_N`` where the N keys are distinct, drawn from tokens
+    ``0 … n_keys − 1``, the values from tokens ``n_keys … n_keys + n_values − 1`` (repeats
+    allowed), and the queries ``q_1 … q_N`` are the same N keys in a random order.  The target at a
+    query's position is the value bound to that key; every other target is ``IGNORED``, so a loss
+    and an accuracy count the queries only.  A query's pair lies between 1 and 2N positions back:
+    the model must find it by content, not by offset.
+
+    Args:
+        batch_size: rows b.
+        n_pairs: N, key-value pairs per row (1 ≤ N ≤ n_keys).
+        generator: a ``torch.Generator``; the same generator state gives the same batch.
+        n_keys, n_values: how many key tokens and value tokens; the vocabulary is their sum.
+
+    Returns:
+        ``(tokens, targets)``, both ``(b, 3N)`` int64.
+    """
+    import torch
+
+    if not 1 <= n_pairs <= n_keys:
+        raise ValueError(f"n_pairs must lie in 1 … n_keys = {n_keys} (the keys of a row are distinct), got {n_pairs}.")
+    keys = torch.rand(batch_size, n_keys, generator=generator).argsort(dim=1)[:, :n_pairs]  # (b, N), distinct
+    values = n_keys + torch.randint(0, n_values, (batch_size, n_pairs), generator=generator)  # (b, N)
+    order = torch.rand(batch_size, n_pairs, generator=generator).argsort(dim=1)  # (b, N): the queries' order
+    pairs = torch.stack([keys, values], dim=2).flatten(1)  # (b, 2N): k_1 v_1 k_2 v_2 …
+    tokens = torch.cat([pairs, keys.gather(1, order)], dim=1)  # (b, 3N)
+    targets = torch.cat([torch.full_like(pairs, IGNORED), values.gather(1, order)], dim=1)  # (b, 3N)
+    return tokens, targets
+
+
+def mqar_model(mixer, vocab_size, max_len, *, d_model=64, n_heads=1, n_layers=2, conv_size=4, chunk_size=32):
+    """Notebook 07's ``CausalLM`` with its attention swapped for one of ``MIXERS``. Notebook 11, Section 11.3.
+
+    Every block stays ``x + mixer(norm(x))``, then ``x + mlp(norm(x))``; only the token mixer
+    changes: ``"softmax"`` (causal ``MultiHeadAttention`` after the same short convolution, over the
+    block's input rather than per projection), or a recurrent mixer of
+    ``course_lib.torch.modules`` with one front end (short convolution, L2-normalised keys):
+    ``"linear"`` (``GatedLinearAttention``, no decay), ``"retnet"`` (a fixed decay per head),
+    ``"gate"`` (a data-dependent decay per head: Mamba-2 / simple GLA), ``"deltanet"`` and
+    ``"gated_deltanet"`` (``DeltaNet``).  A recurrent mixer's state is ``n_heads`` matrices of
+    ``(d_model / n_heads)²`` numbers per layer: fewer heads, a larger state.  Only ``forward`` is
+    for these models (``CausalLM.step`` knows softmax and linear attention alone).
+
+    Args:
+        mixer: one of ``MIXERS``.
+        vocab_size, max_len, d_model, n_heads, n_layers: as for ``CausalLM``.
+        conv_size: the short causal convolution's width, every mixer alike (0: none).
+        chunk_size: the recurrent mixers' chunk length (None: the token loop).
+    """
+    from torch import nn
+
+    from course_lib.torch._mixers import ShortConvolution
+    from course_lib.torch.causal_lm import CausalLM
+    from course_lib.torch.modules import DeltaNet, GatedLinearAttention
+
+    if mixer not in MIXERS:
+        raise ValueError(f"mixer must be one of {MIXERS}, got {mixer!r}.")
+    model = CausalLM(vocab_size, max_len, d_model=d_model, n_heads=n_heads, n_layers=n_layers, attention="softmax")
+    decays = dict(linear="none", retnet="fixed", gate="head")
+    for block in model.blocks:
+        if mixer == "softmax":  # the recurrent mixers' short convolution in front of softmax too: one front end
+            block.attn = nn.Sequential(ShortConvolution(d_model, conv_size), block.attn) if conv_size else block.attn
+        elif mixer in decays:
+            block.attn = GatedLinearAttention(d_model, n_heads, decay=decays[mixer], conv_size=conv_size,
+                                              chunk_size=chunk_size)
+        else:
+            block.attn = DeltaNet(d_model, n_heads, gated=mixer == "gated_deltanet", conv_size=conv_size,
+                                  chunk_size=chunk_size)
+        block.attention = mixer
+    model.attention = mixer
+    return model
+
+
+def state_numbers(model):
+    """Numbers in a model's recurrent state per sequence, all layers (None for softmax: its cache grows with n)."""
+    sizes = [block.attn.state_size() for block in model.blocks if hasattr(block.attn, "state_size")]
+    return sum(sizes) if sizes else None
+
+
+def train_mqar(model, *, n_pairs, steps, generator, eval_generator, batch_size=16, lr=3e-3, eval_every=100,
+               eval_batch=256, stop_accuracy=None, plateau=None, n_keys=32, n_values=32):
+    """Train ``model`` on fresh MQAR batches at a constant learning rate; score it on one held-out batch.
+
+    Adam at ``lr`` on a fresh batch from ``generator`` every step (as ``train``), no schedule: a
+    learning rate that decays early can stop a recurrent mixer before its late jump in recall.
+    After every ``eval_every`` steps the model is scored on one held-out batch
+    (``eval_generator``'s first draw); the run stops early when that accuracy reaches
+    ``stop_accuracy``, or when ``plateau_step`` (with the options in the dict ``plateau``) finds
+    the held-out loss has stopped falling; otherwise after ``steps``.  Scoring draws nothing from
+    ``generator``: the same seeds give the same run, however long it lasts.
+
+    Returns:
+        ``{"step", "loss"}`` (the training loss every step), ``{"eval_step", "eval_loss",
+        "eval_accuracy"}`` and ``"stop"``: ``"accuracy"``, ``"plateau"`` or ``"steps"``.
+    """
+    import torch
+
+    task = dict(n_keys=n_keys, n_values=n_values)
+    held_out = mqar_batch(eval_batch, n_pairs, eval_generator, **task)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    history = {"step": [], "loss": [], "eval_step": [], "eval_loss": [], "eval_accuracy": [], "stop": "steps"}
+    model.train()
+    for step in range(1, steps + 1):
+        loss = reversal_loss(model, *mqar_batch(batch_size, n_pairs, generator, **task))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        history["step"].append(step)
+        history["loss"].append(loss.item())
+        if step % eval_every == 0:
+            held_loss, accuracy = evaluate_batch(model, *held_out)
+            model.train()
+            for key, value in (("eval_step", step), ("eval_loss", held_loss), ("eval_accuracy", accuracy)):
+                history[key].append(value)
+            if stop_accuracy is not None and accuracy >= stop_accuracy:
+                history["stop"] = "accuracy"
+                break
+            if plateau is not None and plateau_step(history["eval_step"], history["eval_loss"], **plateau) == step:
+                history["stop"] = "plateau"
+                break
+    return history
+
+
+def evaluate_mqar(model, *, n_pairs, generator, batch_size=256, n_keys=32, n_values=32):
+    """``(loss, accuracy)`` on one held-out MQAR batch; accuracy per query (teacher forcing is moot: one pass)."""
+    return evaluate_batch(model, *mqar_batch(batch_size, n_pairs, generator, n_keys=n_keys, n_values=n_values))
+
+
+def plateau_step(eval_step, eval_loss, *, window=300, tol=0.01, min_step=600):
+    """The first scored step at which the best held-out loss fell by less than ``tol`` over the last ``window``
+    steps (not before ``min_step``): notebook 05's plateau test, read off a run's history; None if never."""
+    for i, step in enumerate(eval_step):
+        if step < max(min_step, window + eval_step[0]):
+            continue
+        before = min(loss for s, loss in zip(eval_step[:i + 1], eval_loss, strict=False) if s <= step - window)
+        if before - min(eval_loss[:i + 1]) < tol:
+            return step
+    return None
