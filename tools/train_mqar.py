@@ -41,6 +41,7 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from course_lib import tasks  # noqa: E402
+from tools.train_copy import rounded  # noqa: E402 (floats to 5 significant digits, as the copy runs)
 
 TASK = dict(n_keys=128, n_values=32)  # a row's keys are distinct; more key tokens than a head has dimensions
 MODEL = dict(d_model=64, n_layers=2, conv_size=4, chunk_size=32)  # one chunk holds a whole row (3N ≤ 24)
@@ -94,17 +95,6 @@ def run(job):
     print(f"{mixer:>14} N = {n_pairs:>2} h = {n_heads} seed {seed}: accuracy {history['eval_accuracy'][-1]:.3f} "
           f"at step {history['eval_step'][-1]} ({history['stop']}), {seconds:.0f} s", flush=True)
     return result
-
-
-def rounded(value, digits=5):
-    """``value`` with every float rounded to ``digits`` significant digits: a smaller file, the same runs."""
-    if isinstance(value, float):
-        return float(f"{value:.{digits}g}")
-    if isinstance(value, dict):
-        return {key: rounded(item, digits) for key, item in value.items()}
-    if isinstance(value, list):
-        return [rounded(item, digits) for item in value]
-    return value
 
 
 def main():
