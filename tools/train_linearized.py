@@ -3,6 +3,7 @@
     python tools/train_linearized.py                  write course_lib/data/linearized_*.{safetensors,json}
     python tools/train_linearized.py --quick --out /tmp/l10    a small run in a few minutes, for a look
     python tools/train_linearized.py --score-only     re-score the stored models (no training): see below
+    python tools/train_linearized.py --no-adapter-runs    stage 2 without adapters, two rows added: see below
 
 Every fit uses the *training* passages of ``course_lib.tasks.passage_split`` (the corpus's
 start); every score comes from its *held-out* passages (the corpus's end), which no stage sees.
@@ -30,6 +31,12 @@ with its paired test against the exact model), the second text source
 explain a gap between the sources (token counts, one layer at a time, shorter passages).
 Every other field is kept as it is; a row whose cosine the stored model does not reproduce
 stops the run.  Linformer's stage-1 E, F are not stored, so that row gets no new scores.
+
+``--no-adapter-runs`` trains only stage 2 without the low-rank adapters (``--rank 0``: only the
+feature maps learn end to end; same steps, texts, seed and loss as the stored stage 2), from the
+stored stage-1 models of Hedgehog and Hedgehog + window, and adds (or replaces) their two rows,
+"..., stages 1 + 2, no adapters", in the results file, with the command and wall time. Every
+other row and every checkpoint stays as it is; no model is saved.
 """
 
 import argparse
@@ -138,8 +145,12 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="tiny settings, for a look (needs --out)")
     parser.add_argument("--score-only", action="store_true",
                         help="train nothing: re-score the stored models and update only scores in the results file")
+    parser.add_argument("--no-adapter-runs", action="store_true",
+                        help="train only stage 2 without adapters from the stored stage-1 models; add their rows")
     parser.add_argument("--out", default=str(DATA))
     args = parser.parse_args(argv)
+    if args.no_adapter_runs:
+        return no_adapter_runs(pathlib.Path(args.out), jobs=args.jobs)
     if args.score_only:
         return score_stored(pathlib.Path(args.out), threads=args.jobs * args.threads)
     if args.quick:
@@ -341,6 +352,61 @@ def score_stored(out, *, threads):
     print(f"re-scored {path} in {results['score_wall_s']:.0f} s", flush=True)
 
 
+NO_ADAPTERS = ", no adapters"
+
+
+def no_adapter_runs(out, *, jobs):
+    """``--no-adapter-runs``: stage 2 with ``rank = 0`` from the stored stage-1 models; rows appended to the file."""
+    path = out / "linearized_results.json"
+    results = json.loads(path.read_text())
+    args = argparse.Namespace(**{**results["settings"], "rank": 0, "out": str(out)})
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    start = time.perf_counter()
+    model = load_minilm()
+    train, heldout = passage_split(args.train, args.heldout, min_tokens=args.n, tokenizer=model.tokenizer)
+    assert len(train) == results["train_passages"] and not set(train) & set(heldout)
+    torch.set_num_threads(args.threads * jobs)
+    exact = evaluate.exact_reference(model, heldout)
+    torch.set_num_threads(args.threads)
+    CONTEXT.update(args=args, out=out, model=model, heldout=heldout, exact=exact,
+                   stage2_texts=model.tokenize(train, max_length=args.n, truncate=True))
+    parts = [("no_adapters", ("hedgehog_window_stage1",)), ("no_adapters", ("hedgehog_stage1",))]
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+            done = [future.result() for future in [pool.submit(run_part, name, *extra) for name, extra in parts]]
+    else:
+        done = [run_part(name, *extra) for name, extra in parts]
+    new = [row for part in reversed(done) for row in part["rows"]]  # Hedgehog first, as in the file
+    names = {row["name"] for row in new}
+    results["rows"] = [row for row in results["rows"] if row["name"] not in names] + new
+    for part in done:
+        results["stages"].update(part["stages"])
+    results["no_adapter_command"] = COMMAND + " --no-adapter-runs" + (f" --jobs {jobs}" if jobs != 1 else "")
+    results["no_adapter_wall_s"] = time.perf_counter() - start
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"added {len(new)} rows to {path} in {results['no_adapter_wall_s']:.0f} s", flush=True)
+
+
+def part_no_adapters(clock, stored):
+    """Stage 2 without adapters (only the maps learn) from the stored stage-1 model ``stored``; its row."""
+    args, rows = CONTEXT["args"], []
+    student = lin.load_linearized(stored)
+    stage1 = next(row for row in json.loads((CONTEXT["out"] / "linearized_results.json").read_text())["rows"]
+                  if row["name"] == STAGE1_ROWS[stored](args))
+    label = STAGE1_ROWS[stored](args).replace(", stage 1", "")
+    student, run = _stage2(clock, f"{label}{NO_ADAPTERS}", student, "hedgehog")
+    clock.run(f"score {label}, stages 1 + 2{NO_ADAPTERS}", score, f"{label}, stages 1 + 2{NO_ADAPTERS}", student,
+              CONTEXT["heldout"], CONTEXT["exact"], rows, training="stage 1 + stage 2, no adapters",
+              seconds=stage1["seconds"] + run["seconds"], added=lin.added_parameters(student),
+              command=COMMAND + " --no-adapter-runs")
+    return {"rows": rows}
+
+
+STAGE1_ROWS = {"hedgehog_stage1": lambda args: "Hedgehog, stage 1",
+               "hedgehog_window_stage1": lambda args: f"Hedgehog + window (w = {args.window}), stage 1"}
+
+
 CONTEXT = {}  # what every part reads: set by main before the parts run (inherited by forked processes)
 
 
@@ -506,7 +572,8 @@ def part_linformer(clock):
 
 
 PARTS = {"untrained": part_untrained, "hedgehog": part_hedgehog, "window": part_window, "seed": part_seed,
-         "sweep": part_sweep, "t2r": part_t2r, "linformer": part_linformer}
+         "sweep": part_sweep, "t2r": part_t2r, "linformer": part_linformer,
+         "no_adapters": part_no_adapters}
 
 
 if __name__ == "__main__":
