@@ -163,3 +163,10 @@ def check_state(name, state, lead, d, e):
     if len(shape) < 2 or shape[-2:] != (d, e) or not _broadcastable(shape[:-2], lead):
         raise ValueError(f"{name} must have shape (..., d, e) = {(*lead, d, e)} (keys x values, as returned with "
                          f"return_state=True), got {shape}.")
+
+
+def check_decay_per_head(channels, k, name="log_decay"):
+    """The delta rule takes one decay per head and token (Gated DeltaNet), never one per channel."""
+    if channels:
+        raise ValueError(f"{name} must have shape (..., n) = {tuple(k.shape[:-1])} for the delta rule (one decay per "
+                         "head and token, as in Gated DeltaNet); a decay per channel is gated_linear_attention's.")

@@ -106,9 +106,7 @@ def delta_rule_attention(q, k, v, beta, *, log_decay=None, chunk_size=DEFAULT_CH
         ``o (..., n, e)`` in the dtype of ``v``, or ``(o, state)``.
     """
     q, k, v32, log_decay, state, channels = _prepare(q, k, v, log_decay, initial_state, chunk_size)
-    if channels:
-        raise ValueError(f"log_decay must have shape (..., n) = {k.shape[:-1]} for the delta rule (one decay per head "
-                         "and token, as in Gated DeltaNet); a decay per channel is gated_linear_attention's.")
+    _validate.check_decay_per_head(channels, k)
     beta = _prepare_beta(beta, k, k.shape[:-2], k.dtype)
     _warn_key_norms(k, beta)
     if chunk_size is None:
