@@ -94,7 +94,7 @@ def test_the_stored_sweep_matches_the_tool_and_replays():
     cells = {}
     for run in runs:
         cells.setdefault((run["mixer"], run["n_pairs"], run["n_heads"]), []).append(run["seed"])
-        assert run["stop"] in ("accuracy", "plateau", "steps") and 0 <= run["eval_accuracy"][-1] <= 1
+        assert run["stop"] in ("accuracy", "plateau") and 0 <= run["eval_accuracy"][-1] <= 1  # none at the cap
         assert run["eval_step"][-1] <= settings["max_steps"]["softmax" if run["mixer"] == "softmax" else "recurrent"]
     assert set(cells) == set(train_mqar.grid(tasks.MIXERS))
     assert all(sorted(seeds) == list(train_mqar.SEEDS) for seeds in cells.values())
