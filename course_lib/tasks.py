@@ -519,22 +519,41 @@ def train_mqar(model, *, n_pairs, steps, generator, eval_generator, batch_size=1
         ``{"step", "loss"}`` (the training loss every step), ``{"eval_step", "eval_loss",
         "eval_accuracy"}`` and ``"stop"``: ``"accuracy"``, ``"plateau"`` or ``"steps"``.
     """
-    import torch
-
     task = dict(n_keys=n_keys, n_values=n_values)
     held_out = mqar_batch(eval_batch, n_pairs, eval_generator, **task)
+    return train_scored(model, lambda: reversal_loss(model, *mqar_batch(batch_size, n_pairs, generator, **task)),
+                        lambda: evaluate_batch(model, *held_out), steps=steps, lr=lr, eval_every=eval_every,
+                        stop_accuracy=stop_accuracy, plateau=plateau)
+
+
+def train_scored(model, next_loss, score, *, steps, lr=3e-3, eval_every=100, stop_accuracy=None, plateau=None):
+    """Adam on ``next_loss()`` every step, ``score()`` after every ``eval_every`` steps, and an early stop.
+
+    The loop of ``train_mqar`` (notebook 11's runs of both tasks): ``next_loss()`` draws the next
+    batch and returns the model's loss on it; ``score()`` returns ``(loss, accuracy)`` on a fixed
+    held-out batch without drawing from the training generator (it may leave the model in eval
+    mode: training resumes in train mode).  The run stops when that accuracy reaches
+    ``stop_accuracy``, when ``plateau_step`` (options in the dict ``plateau``) finds the held-out
+    loss has stopped falling, or after ``steps``.
+
+    Returns:
+        ``{"step", "loss"}`` (the training loss every step), ``{"eval_step", "eval_loss",
+        "eval_accuracy"}`` and ``"stop"``: ``"accuracy"``, ``"plateau"`` or ``"steps"``.
+    """
+    import torch
+
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     history = {"step": [], "loss": [], "eval_step": [], "eval_loss": [], "eval_accuracy": [], "stop": "steps"}
     model.train()
     for step in range(1, steps + 1):
-        loss = reversal_loss(model, *mqar_batch(batch_size, n_pairs, generator, **task))
+        loss = next_loss()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         history["step"].append(step)
         history["loss"].append(loss.item())
         if step % eval_every == 0:
-            held_loss, accuracy = evaluate_batch(model, *held_out)
+            held_loss, accuracy = score()
             model.train()
             for key, value in (("eval_step", step), ("eval_loss", held_loss), ("eval_accuracy", accuracy)):
                 history[key].append(value)

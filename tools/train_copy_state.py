@@ -119,38 +119,18 @@ def run(job):
     torch.set_num_threads(1)  # one thread: the same reduction order on every run
     model = build(variant, seed)
     generator = torch.Generator().manual_seed(batch_seed(seed))
-    scores = {"eval_step": [], "eval_loss": [], "eval_accuracy": []}
-    losses = {"step": [], "loss": []}
-    optimizer = torch.optim.Adam(model.parameters(), lr=TRAIN["lr"])
     start = time.perf_counter()
-    stop = "steps"
-    model.train()
-    for step in range(1, steps + 1):  # tasks.train_copy's loop, with the early stop
-        loss = tasks.copy_loss(model, tasks.copy_batch(TRAIN["batch_size"], TASK["length"], TASK["n_symbols"],
-                                                       generator, min_length=TASK["min_length"]))
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses["step"].append(step)
-        losses["loss"].append(loss.item())
-        if step % EVAL_EVERY == 0:
-            held_loss, accuracy = score(model)
-            model.train()
-            for key, value in zip(scores, (step, held_loss, accuracy), strict=True):
-                scores[key].append(value)
-            if accuracy >= STOP_ACCURACY:
-                stop = "accuracy"
-                break
-    if not scores["eval_step"] or scores["eval_step"][-1] != losses["step"][-1]:  # the score after the last step
-        for key, value in zip(scores, (losses["step"][-1], *score(model)), strict=True):
-            scores[key].append(value)
+    history = tasks.train_scored(  # lesson 07's training loop (tasks.train_copy), with the early stop
+        model, lambda: tasks.copy_loss(model, tasks.copy_batch(TRAIN["batch_size"], TASK["length"], TASK["n_symbols"],
+                                                               generator, min_length=TASK["min_length"])),
+        lambda: score(model), steps=steps, lr=TRAIN["lr"], eval_every=EVAL_EVERY, stop_accuracy=STOP_ACCURACY)
     seconds = time.perf_counter() - start
-    result = dict(variant=variant, seed=seed, state=state_numbers(variant), seconds=seconds, stop=stop,
-                  generated_accuracy=greedy_accuracy(model, held_out()), **losses, **scores)
+    result = dict(variant=variant, seed=seed, state=state_numbers(variant), seconds=seconds,
+                  generated_accuracy=greedy_accuracy(model, held_out()), **history)
     result["loss"] = result["loss"][:200] + result["loss"][200::10]  # every step for a live check, then every 10th
     result["step"] = result["step"][:200] + result["step"][200::10]
-    print(f"{variant:>32} seed {seed}: accuracy {scores['eval_accuracy'][-1]:.3f} at step {scores['eval_step'][-1]} "
-          f"({stop}), generated {result['generated_accuracy']:.3f}, {seconds:.0f} s", flush=True)
+    print(f"{variant:>32} seed {seed}: accuracy {history['eval_accuracy'][-1]:.3f} at step {history['eval_step'][-1]} "
+          f"({history['stop']}), generated {result['generated_accuracy']:.3f}, {seconds:.0f} s", flush=True)
     return result
 
 
@@ -162,6 +142,8 @@ def main():
     parser.add_argument("--jobs", type=int, default=2, help="runs at once, one process and one thread each")
     parser.add_argument("--out", default=str(ROOT / "course_lib" / "data" / "copy_state_runs.json"))
     args = parser.parse_args()
+    if args.steps % EVAL_EVERY:
+        parser.error(f"--steps must be a multiple of {EVAL_EVERY} (the held-out score's interval), got {args.steps}")
     jobs = [(variant, seed, args.steps) for variant in args.variants for seed in args.seeds]
     start = time.perf_counter()
     with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
