@@ -24,6 +24,13 @@ def _make(kind, seed=0, **options):
     return DeltaNet(D_MODEL, HEADS, gated=kind == "gated-deltanet", **options)
 
 
+def _causal_conv_silu(x, weight):
+    # x (b, n, c), weight (c, 1, size): torch's depthwise conv1d, padded on both sides, its right overhang cut
+    size, n = weight.shape[-1], x.shape[1]
+    y = nn.functional.conv1d(x.transpose(1, 2), weight, padding=size - 1, groups=weight.shape[0])  # (b, c, n+size−1)
+    return nn.functional.silu(y[..., :n].transpose(1, 2))
+
+
 def _inputs(b=2, n=N, seed=1, dtype=torch.float32):
     return torch.randn(b, n, D_MODEL, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
@@ -50,8 +57,9 @@ def test_chunked_equals_the_token_loop(kind, chunk_size):
 def test_the_recurrence_inside_is_the_library_function(kind):
     # the module written out: projections, short convolutions, L2-normalised heads, the recurrence, norm, W_o
     module, x = _make(kind, dtype=torch.float64), _inputs(dtype=torch.float64)
-    q, k, v = (conv(p(x)) for conv, p in zip(module.convs, (module.q_proj, module.k_proj, module.v_proj),
-                                             strict=True))
+    weight = module.conv.conv.weight  # (3 d_model, 1, size): the filters of q, k and v, in that order
+    q, k, v = (_causal_conv_silu(p(x), w) for p, w in zip((module.q_proj, module.k_proj, module.v_proj),
+                                                          weight.split(D_MODEL), strict=True))
     q, k, v = (split_heads(t, HEADS) for t in (q, k, v))  # (b, h, n, d)
     q = nn.functional.normalize(q, dim=-1) / (D_MODEL // HEADS) ** 0.5
     k = nn.functional.normalize(k, dim=-1)
@@ -198,7 +206,7 @@ def test_dtype_device_and_extra_repr(kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_without_the_short_convolution(kind):
     module = _make(kind, conv_size=0, chunk_size=5)
-    assert module.convs is None
+    assert module.conv is None
     x = _inputs(n=23)
     chunked = module(x)
     module.chunk_size = None

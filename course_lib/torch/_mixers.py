@@ -38,8 +38,11 @@ class ShortConvolution(nn.Module):
                               device=device, dtype=dtype)
 
     def forward(self, x):  # x (b, n, channels)
-        n = x.shape[1]
-        return nn.functional.silu(self.conv(x.transpose(1, 2))[..., :n].transpose(1, 2))  # left padding only: causal
+        # y_t = Σ_j w_j x_{t − size + 1 + j}: ``size`` shifted multiply-adds, the same sum as ``self.conv`` with
+        # its right overhang cut, and several times faster than a depthwise Conv1d's backward on a CPU
+        n, weight = x.shape[1], self.conv.weight[:, 0]  # weight (channels, size)
+        padded = nn.functional.pad(x, (0, 0, self.size - 1, 0))  # (b, n + size − 1, channels): zeros before t = 0
+        return nn.functional.silu(sum(weight[:, j] * padded[:, j:j + n] for j in range(self.size)))
 
 
 class _RecurrentMixer(nn.Module):
@@ -53,8 +56,8 @@ class _RecurrentMixer(nn.Module):
         self.chunk_size, self.conv_size = chunk_size, conv_size
         for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
             setattr(self, name, nn.Linear(d_model, d_model, bias=bias, device=device, dtype=dtype))
-        self.convs = nn.ModuleList([ShortConvolution(d_model, conv_size, device=device, dtype=dtype)
-                                    for _ in range(3)]) if conv_size else None
+        # one depthwise convolution over q, k and v side by side: three per-channel filters in one call
+        self.conv = ShortConvolution(3 * d_model, conv_size, device=device, dtype=dtype) if conv_size else None
         self.norm = nn.RMSNorm(self.head_dim, eps=norm_eps, device=device, dtype=dtype)  # per head
 
     def forward(self, x, *, key_mask=None):
@@ -64,8 +67,8 @@ class _RecurrentMixer(nn.Module):
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (b, n, d_model)
         if key_mask is not None:  # zero after the projections as well: a pad's bias must reach neither conv nor state
             q, k, v = (t.masked_fill(~key_mask[..., None], 0.0) for t in (q, k, v))
-        if self.convs is not None:
-            q, k, v = (conv(t) for conv, t in zip(self.convs, (q, k, v), strict=True))
+        if self.conv is not None:
+            q, k, v = self.conv(torch.cat([q, k, v], dim=-1)).split(self.d_model, dim=-1)
         else:
             q, k = nn.functional.silu(q), nn.functional.silu(k)
         q, k, v = (split_heads(t, self.n_heads) for t in (q, k, v))  # (b, h, n, d)

@@ -71,6 +71,7 @@ def ut_transform(k, beta, log_decay=None):
 def _chunked(q, k, v, beta, log_decay, state, chunk_size):
     """The WY/UT form: all chunks' solves at once, then the state chunk by chunk. Notebook 12, Eq. (12.7)."""
     lead, n, d, e = q.shape[:-2], q.shape[-2], q.shape[-1], v.shape[-1]
+    chunk_size = max(1, min(chunk_size, n))  # a sequence shorter than a chunk is one chunk of its length: no padding
     qc, kc, vc = (chunk(x.reshape(-1, n, x.shape[-1]), chunk_size) for x in (q, k, v))  # (L, g, c, d|e)
     bc = chunk(beta.reshape(-1, n), chunk_size)  # (L, g, c); padding has β = 0: it writes nothing
     c = chunk_size

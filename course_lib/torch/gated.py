@@ -94,6 +94,7 @@ def chunk(x, chunk_size):
 def _chunked(q, k, v, log_decay, state, channels, chunk_size):
     """All chunks' masked c × c decays at once, then the state chunk by chunk. Notebook 12, Eqs. (12.1)-(12.3)."""
     lead, n, d, e = q.shape[:-2], q.shape[-2], q.shape[-1], v.shape[-1]
+    chunk_size = max(1, min(chunk_size, n))  # a sequence shorter than a chunk is one chunk of its length: no padding
     qc, kc, vc = (chunk(x.reshape(-1, n, x.shape[-1]), chunk_size) for x in (q, k, v))  # (L, g, c, d|e)
     G = torch.cumsum(chunk(log_decay.reshape(-1, n, *log_decay.shape[len(lead) + 1:]), chunk_size), dim=2)
     last = G[:, :, -1:]  # (L, g, 1[, d]): each chunk's total log decay
