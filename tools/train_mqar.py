@@ -24,7 +24,7 @@ weights and the batches, shared by every mixer.
 Each run is one process with one CPU thread (the same machine and torch version give the same
 numbers again); ``--jobs`` runs that many at once.
 
-    python tools/train_mqar.py                      write course_lib/data/mqar_runs.json (24 min on 2 quiet cores)
+    python tools/train_mqar.py                      write course_lib/data/mqar_runs.json (17 min on 2 cores)
     python tools/train_mqar.py --seeds 0 --mixers deltanet --out /tmp/mqar.json   a quick look
 """
 
