@@ -98,6 +98,15 @@ def rounded(value, digits=5):
     return value
 
 
+def write_runs(out, command, settings, runs, *, jobs, wall, count):
+    """Store a sweep as JSON (floats to 5 digits) with what produced it: command, torch, machine, wall time, load."""
+    meta = dict(command=command, torch=torch.__version__, threads=1, jobs=jobs,
+                machine=platform.processor() or platform.machine(), wall_seconds=round(wall),
+                load_average=[round(x, 1) for x in os.getloadavg()])
+    pathlib.Path(out).write_text(json.dumps(rounded(dict(settings=settings, meta=meta, runs=runs))) + "\n")
+    print(f"wrote {out}: {count} runs in {wall:.0f} s (load average {meta['load_average']})")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=STEPS)
@@ -114,11 +123,7 @@ def main():
     settings = dict(task=TASK, model=MODEL, train=TRAIN, steps=args.steps, eval_every=EVAL_EVERY,
                     seeds=dict(models=args.seeds, batches=[batch_seed(s) for s in args.seeds], test=TEST_SEED),
                     test_batch=TEST_BATCH)
-    meta = dict(command="python tools/train_copy.py", torch=torch.__version__, threads=1, jobs=args.jobs,
-                machine=platform.processor() or platform.machine(), wall_seconds=round(wall),
-                load_average=[round(x, 1) for x in os.getloadavg()])
-    pathlib.Path(args.out).write_text(json.dumps(rounded(dict(settings=settings, meta=meta, runs=runs))) + "\n")
-    print(f"wrote {args.out}: {len(jobs)} runs in {wall:.0f} s (load average {meta['load_average']})")
+    write_runs(args.out, "python tools/train_copy.py", settings, runs, jobs=args.jobs, wall=wall, count=len(jobs))
 
 
 if __name__ == "__main__":

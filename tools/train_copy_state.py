@@ -27,11 +27,8 @@ Each run is one process with one CPU thread; ``--jobs`` runs that many at once.
 """
 
 import argparse
-import json
 import multiprocessing
-import os
 import pathlib
-import platform
 import sys
 import time
 
@@ -42,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from course_lib import tasks  # noqa: E402
 from course_lib.torch.causal_lm import CausalLM  # noqa: E402
 from tools import train_copy  # noqa: E402
-from tools.train_copy import batch_seed, rounded  # noqa: E402
+from tools.train_copy import batch_seed, write_runs  # noqa: E402
 
 TASK, MODEL, TRAIN, STEPS, SEEDS = (train_copy.TASK, train_copy.MODEL, train_copy.TRAIN, train_copy.STEPS,
                                     train_copy.SEEDS)  # lesson 07's task, model width, optimiser, steps, seeds
@@ -155,11 +152,7 @@ def main():
                     variants={v: dict(family=f, heads=h, conv_size=c) for v, (f, h, c) in VARIANTS.items()},
                     seeds=dict(models=args.seeds, batches=[batch_seed(s) for s in args.seeds], test=TEST_SEED),
                     test_batch=TEST_BATCH)
-    meta = dict(command="python tools/train_copy_state.py", torch=torch.__version__, threads=1, jobs=args.jobs,
-                machine=platform.processor() or platform.machine(), wall_seconds=round(wall),
-                load_average=[round(x, 1) for x in os.getloadavg()])
-    pathlib.Path(args.out).write_text(json.dumps(rounded(dict(settings=settings, meta=meta, runs=runs))) + "\n")
-    print(f"wrote {args.out}: {len(jobs)} runs in {wall:.0f} s (load average {meta['load_average']})")
+    write_runs(args.out, "python tools/train_copy_state.py", settings, runs, jobs=args.jobs, wall=wall, count=len(jobs))
 
 
 if __name__ == "__main__":

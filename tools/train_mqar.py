@@ -29,11 +29,8 @@ numbers again); ``--jobs`` runs that many at once.
 """
 
 import argparse
-import json
 import multiprocessing
-import os
 import pathlib
-import platform
 import sys
 import time
 
@@ -42,7 +39,7 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from course_lib import tasks  # noqa: E402
-from tools.train_copy import rounded  # noqa: E402 (floats to 5 significant digits, as the copy runs)
+from tools.train_copy import write_runs  # noqa: E402 (stored as the copy runs are)
 
 TASK = dict(n_keys=128, n_values=32)  # a row's keys are distinct; more key tokens than a head has dimensions
 MODEL = dict(d_model=64, n_layers=2, conv_size=4, chunk_size=32)  # one chunk holds a whole row (3N ≤ 24)
@@ -115,11 +112,7 @@ def main():
                     max_steps=MAX_STEPS, fixed_heads=FIXED_HEADS, softmax_heads=SOFTMAX_HEADS, fixed_pairs=FIXED_PAIRS,
                     pairs=PAIRS, heads=HEADS,
                     seeds=dict(models=args.seeds, batches=[batch_seed(s) for s in args.seeds], test=TEST_SEED))
-    meta = dict(command="python tools/train_mqar.py", torch=torch.__version__, threads=1, jobs=args.jobs,
-                machine=platform.processor() or platform.machine(), wall_seconds=round(wall),
-                load_average=[round(x, 1) for x in os.getloadavg()])
-    pathlib.Path(args.out).write_text(json.dumps(rounded(dict(settings=settings, meta=meta, runs=runs))) + "\n")
-    print(f"wrote {args.out}: {len(jobs)} runs in {wall:.0f} s (load average {meta['load_average']})")
+    write_runs(args.out, "python tools/train_mqar.py", settings, runs, jobs=args.jobs, wall=wall, count=len(jobs))
 
 
 if __name__ == "__main__":
