@@ -312,7 +312,7 @@ def test_shipped_generation_csv_reads_and_meets_its_claims():
     assert {r["method"] for r in rows} == set(generation.METHODS) and {r["threads"] for r in rows} == {1}
     assert {1024, 4096, 16384} <= {r["position"] for r in rows}
     assert any(line.startswith("softmax_cache / linear_step") for line in generation.report(rows))
-    # The claims of issue 19 that notebook 07 quotes from this file: at token 4,096 the in-place step is
+    # The claims notebook 07 quotes from this file: at token 4,096 the in-place step is
     # at least 30× cheaper than the fair cached softmax step, and flat in position (4,096 against 16).
     assert generation.ratios(rows)[4096] >= 30
     linear = {r["position"]: r["time_min_s"] for r in rows if r["method"] == "linear_step"}

@@ -16,12 +16,12 @@ default: ``causal_linear_attention`` (elu+1, f = d = 64 features) and
   ``course_lib.bench.peak_memory``, so no case inherits another's allocations;
 * the NumPy tree's forward at the same n and chunk sizes (``--numpy``);
 * ``--chunks 64 0`` puts the default beside the prefix sums (0: ``chunk_size=None``), the
-  acceptance figures of issue 19 (the prefix sums' backward stores n states of f × e: at
+  comparison lesson 06 draws (the prefix sums' backward stores n states of f × e: at
   n = 16,384, about 17 GB for FAVOR+ with m = 256, so ``--kernels linear`` there on a small machine);
 * the two kernel choices of ``course_lib/torch/_causal_linear.py`` (``--kernel-choices``).
 
 The printed table ranks the chunk sizes by the sum over n of each time relative to the best
-time at that n, per kernel; ``DEFAULT_CHUNK_SIZE`` in ``course_lib/numpy/linear.py`` is the
+time at that n, per kernel; ``LINEAR_CHUNK_SIZE`` in ``course_lib/_shared.py`` is the
 best of that ranking.  A benchmark, not a test: the figures depend on the machine.
 """
 

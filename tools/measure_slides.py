@@ -149,7 +149,7 @@ def nearly_empty(slide):
 
 
 def summary(slides):
-    """The per-deck figures the issue asks for: slides, median and largest words, figure slides, and
+    """The per-deck figures the course holds every deck to: slides, median and largest words, figure slides, and
     the counts of slides over ``MAX_WORDS`` and of nearly empty ones."""
     words = [s["words"] for s in slides]
     largest = max(slides, key=lambda s: s["words"])

@@ -15,17 +15,11 @@ float16 inputs are accumulated in float32 (a float16 running sum of ones stalls 
 import numpy as np
 
 from course_lib import _validate
+from course_lib._shared import LINEAR_CHUNK_SIZE
+from course_lib._shared import check_causal as _check_causal
 from course_lib.numpy.full import _check  # shapes, dtypes and the key mask, as for exact attention
 
-# The chunk size of every causal call that does not name one (both trees, linear attention and
-# causal FAVOR+), measured by
-#     .venv/bin/python tools/bench_linear.py --n 1024 4096 16384 --chunks 16 32 64 128 256 --rounds 3 --memory --numpy
-# (torch forward+backward, b = 1, h = 4, d = 64, elu+1 and FAVOR+ with m = 256, one thread, least CPU time
-# of 9 calls).  c = 64 was the fastest at every n for both: at n = 16,384, elu+1 279 ms against 338 ms
-# (c = 128) and 354 ms (c = 32), FAVOR+ 1.36 s against 1.41 s and 2.21 s; its peak memory is within
-# 25 % of the least (c = 128).  The NumPy forward is as fast with 64 as with 128 (268 ms at n = 16,384).
-# Measured on a shared 2-core AMD EPYC: provisional.  chunk_size=None selects the prefix sums of notebook 06.
-DEFAULT_CHUNK_SIZE = 64
+DEFAULT_CHUNK_SIZE = LINEAR_CHUNK_SIZE  # 64: see course_lib/_shared.py for how it was measured
 
 
 def elu_feature_map(x):
@@ -46,16 +40,6 @@ def relu_feature_map(x):
 def _work_dtype(*xs):
     """float64 stays float64; float16 is accumulated in float32 (a float16 running sum stalls at 2048)."""
     return np.promote_types(np.result_type(*xs), np.float32)
-
-
-def _check_causal(q, k, chunk_size):
-    if q.shape[-2] != k.shape[-2]:
-        raise ValueError(f"causal attention needs as many queries as keys (n = s), got q {tuple(q.shape)} "
-                         f"and k {tuple(k.shape)}.")
-    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int | np.integer)):
-        raise TypeError(f"chunk_size must be None (prefix sums) or a positive int, got {chunk_size!r}.")
-    if chunk_size is not None and chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int (positions per chunk), got {chunk_size}.")
 
 
 def _features(feature_map, *xs):

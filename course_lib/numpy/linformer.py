@@ -8,9 +8,8 @@ Complexity" (arXiv 2006.04768).  Shapes follow the dimension key in ``course_lib
 import numpy as np
 
 from course_lib import _validate
+from course_lib._shared import SHARING_MODES, count_projection_matrices, pooling_blocks  # noqa: F401 (re-exported)
 from course_lib.numpy.full import masked_softmax, softmax_attention
-
-SHARING_MODES = ("none", "headwise", "key-value", "layerwise")
 
 
 def _check(q, k, v=None, E=None, F=None, key_mask=None):
@@ -101,29 +100,11 @@ def mean_pooling(k, s):
     Row i averages the i-th of k consecutive blocks of positions (``np.array_split`` sizes, so
     k need not divide s): one of the paper's "general projections", fixed and non-negative.
     """
-    for name, value, low in (("k", k, 1), ("s", s, k)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-            raise ValueError(f"{name} must be an integer >= {low} (1 <= k <= s positions), got {value!r}.")
+    blocks = pooling_blocks(k, s)  # checks k and s
     pool = np.zeros((k, s))
-    for i, block in enumerate(np.array_split(np.arange(s), k)):
-        pool[i, block] = 1.0 / len(block)  # (k, s): each row sums to 1
+    for i, (start, stop) in enumerate(blocks):
+        pool[i, start:stop] = 1.0 / (stop - start)  # (k, s): each row sums to 1
     return pool
-
-
-def count_projection_matrices(n_layers, n_heads, sharing):
-    """How many distinct k × n projection matrices a model has. Notebook 05, Eq. (5.3); Wang et al. 2020, §4.
-
-    ``"none"``: an E and an F per head per layer (2·L·h); ``"headwise"``: one E and one F per
-    layer, shared by its heads (2·L); ``"key-value"``: one matrix per layer, E = F (L);
-    ``"layerwise"``: one matrix for the whole model (1).
-    """
-    for name, value in (("n_layers", n_layers), ("n_heads", n_heads)):
-        if int(value) != value or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}.")
-    counts = {"none": 2 * n_layers * n_heads, "headwise": 2 * n_layers, "key-value": n_layers, "layerwise": 1}
-    if sharing not in counts:
-        raise ValueError(f"sharing must be one of {', '.join(map(repr, SHARING_MODES))}; got {sharing!r}.")
-    return counts[sharing]
 
 
 def causal_leak(attention, q, k, v, t, *, shift=1.0):

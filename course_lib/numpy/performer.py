@@ -8,26 +8,13 @@ Implements notebook 08; Choromanski et al. 2020, "Rethinking Attention with Perf
 import numpy as np
 
 from course_lib import _validate
+from course_lib._shared import FEATURES, HEADROOM, SCALINGS, check_sizes  # noqa: F401 (re-exported)
 from course_lib.numpy.linear import (
     DEFAULT_CHUNK_SIZE,
     causal_linear_attention_from_features,
     chunked_causal_sums,
     linear_attention_from_features,
 )
-
-FEATURES = ("positive", "hyperbolic", "trig")
-SCALINGS = ("chi", "sqrt_d")
-# Causal key features are at most e^HEADROOM (see _key_shift): sums of 1e9 such keys times
-# values of 1e12 stay below float32's maximum e^88, while a key exponent may sit 87 + 40 below
-# the bound before its feature leaves float32's normal range (typical keys sit ~50 below it at
-# d = 64, ~90 at d = 128).
-HEADROOM = 40.0
-
-
-def _check_sizes(m, d):
-    for name, value in (("m", m), ("d", d)):
-        if int(value) != value or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}.")
 
 
 def _check_omega(x, omega):
@@ -69,7 +56,7 @@ def random_matrix(m, d, rng, *, orthogonal=True, scaling="chi"):
     Returns:
         ω ``(m, d)``.
     """
-    _check_sizes(m, d)
+    check_sizes(m=m, d=d)
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy.random.Generator (np.random.default_rng(seed)), got {type(rng)}.")
     if scaling not in SCALINGS:

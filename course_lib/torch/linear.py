@@ -21,7 +21,8 @@ import math
 import torch
 
 from course_lib import _validate
-from course_lib.numpy.linear import DEFAULT_CHUNK_SIZE, _check_causal  # noqa: F401 (DEFAULT_CHUNK_SIZE re-exported)
+from course_lib._shared import LINEAR_CHUNK_SIZE as DEFAULT_CHUNK_SIZE
+from course_lib._shared import check_causal as _check_causal
 from course_lib.torch import full
 from course_lib.torch._causal_linear import CausalSums
 

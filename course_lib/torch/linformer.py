@@ -14,8 +14,7 @@ from torch import nn
 from course_lib import _validate
 
 # Counting matrices is plain arithmetic: one definition serves both trees.
-from course_lib.numpy import linformer as _numpy_linformer
-from course_lib.numpy.linformer import SHARING_MODES, count_projection_matrices  # noqa: F401 (re-exported)
+from course_lib._shared import SHARING_MODES, count_projection_matrices, pooling_blocks  # noqa: F401 (re-exported)
 from course_lib.torch._attention_module import ProjectedAttention
 from course_lib.torch.full import MultiHeadAttention, masked_softmax, softmax_attention
 
@@ -130,9 +129,13 @@ def causal_leak(attention, q, k, v, t, *, shift=1.0):
 def mean_pooling(k, s, *, dtype=torch.float32, device=None):
     """Mean pooling as a projection ``(k, s)``. Notebook 04, Section 4.3; Wang et al. 2020, §4.
 
-    Row i averages the i-th of k consecutive blocks of positions; the NumPy tree's matrix as a tensor.
+    Row i averages the i-th of k consecutive blocks of positions (``pooling_blocks``), as in the NumPy tree.
     """
-    return torch.as_tensor(_numpy_linformer.mean_pooling(k, s), dtype=dtype, device=device)  # (k, s)
+    blocks = pooling_blocks(k, s)  # checks k and s
+    pool = torch.zeros(k, s, dtype=dtype, device=device)
+    for i, (start, stop) in enumerate(blocks):
+        pool[i, start:stop] = 1.0 / (stop - start)  # (k, s): each row sums to 1
+    return pool
 
 
 def fit_projections(q, k, v, E, F, *, steps=200, lr=1e-2, log_every=0, callback=None):

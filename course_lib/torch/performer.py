@@ -12,7 +12,7 @@ import math
 import torch
 
 from course_lib import _validate
-from course_lib.numpy.performer import FEATURES, HEADROOM, SCALINGS, _check_sizes
+from course_lib._shared import FEATURES, HEADROOM, SCALINGS, check_sizes  # noqa: F401 (re-exported)
 from course_lib.torch.linear import (
     DEFAULT_CHUNK_SIZE,
     causal_linear_attention_from_features,
@@ -70,7 +70,7 @@ def random_matrix(m, d, rng, *, orthogonal=True, scaling="chi", dtype=None, devi
     Returns:
         ω ``(m, d)``.
     """
-    _check_sizes(m, d)
+    check_sizes(m=m, d=d)
     if not isinstance(rng, torch.Generator):
         raise TypeError(f"rng must be a torch.Generator (torch.Generator().manual_seed(seed)), got {type(rng)}.")
     if scaling not in SCALINGS:
