@@ -235,3 +235,127 @@ def test_a_right_answer_written_another_way_passes(exercise, answer, capsys):
 def test_a_classic_slip_written_by_hand_is_named(exercise, answer, mistake, capsys):
     result = exercise(answer)
     assert result.status == FAILED and result.mistake == mistake, capsys.readouterr().out
+
+
+# --- slips found by probing the checkers, each written the way a learner writes it -------------------
+
+
+def attention_scaled_by_value_width(q, k, v, causal=False, key_mask=None):
+    """Exercise 1.1 right in every way but the scale: √e, the values' width, for √d."""
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(v.shape[-1])  # (..., n, s)
+    n, s = scores.shape[-2:]
+    allowed = np.tril(np.ones((n, s), bool)) if causal else np.ones((n, s), bool)
+    if key_mask is not None:
+        allowed = allowed & key_mask[..., None, :]
+    scores = np.where(allowed, scores, -np.inf)
+    top = scores.max(axis=-1, keepdims=True)
+    weights = np.exp(scores - np.where(np.isfinite(top), top, 0.0))
+    total = weights.sum(axis=-1, keepdims=True)
+    weights = weights / np.where(total > 0, total, 1.0)
+    return weights, weights @ v
+
+
+def costs_of_one_head_with_every_P(n, d_model, n_heads):
+    d = d_model // n_heads
+    return 2 * (n * n * d + n * n * d), n_heads * n * n  # one head's products, all heads' P
+
+
+def merge_with_swapped_weights(out_a, lse_a, out_b, lse_b):
+    lse = np.logaddexp(lse_a, lse_b)
+    return np.exp(lse_b - lse)[..., None] * out_a + np.exp(lse_a - lse)[..., None] * out_b, lse
+
+
+def spectrum_svd_squared(P):
+    energy = np.linalg.svd(P, compute_uv=False) ** 2  # σ², the energy share
+    return np.cumsum(energy, axis=-1) / energy.sum(axis=-1, keepdims=True)
+
+
+def spectrum_svd_sorted_ascending(P):
+    sigma = np.sort(np.linalg.svd(P, compute_uv=False), axis=-1)  # np.sort: smallest first
+    return np.cumsum(sigma, axis=-1) / sigma.sum(axis=-1, keepdims=True)
+
+
+def spectrum_svd_not_cumulative(P):
+    sigma = np.linalg.svd(P, compute_uv=False)
+    return sigma / sigma.sum(axis=-1, keepdims=True)
+
+
+def spectrum_svd_over_largest(P):
+    sigma = np.linalg.svd(P, compute_uv=False)
+    return np.cumsum(sigma, axis=-1) / sigma[..., :1]
+
+
+def projection_of_unit_rows(P, k):
+    rows = P.reshape(-1, P.shape[-1])
+    rows = rows / np.linalg.norm(rows, axis=1, keepdims=True)
+    return np.linalg.eigh(rows.T @ rows)[1][:, ::-1][:, :k].T
+
+
+def flops_of_one_sequence(b, h, n, s, d, e, k):
+    exact = 2 * h * n * s * (d + e)
+    return float(exact), float(2 * h * k * s * (d + e) + 2 * h * n * k * (d + e))
+
+
+def flops_one_per_multiply_add(b, h, n, s, d, e, k):
+    exact = b * h * n * s * (d + e)
+    return float(exact), float(b * h * k * s * (d + e) + b * h * n * k * (d + e))
+
+
+def spectrum_by_the_smaller_gram(P):
+    """Eq. (2.3): the square roots of the eigenvalues of the smaller Gram matrix, largest first."""
+    gram = np.swapaxes(P, -1, -2) @ P if P.shape[-2] > P.shape[-1] else P @ np.swapaxes(P, -1, -2)
+    sigma = np.sqrt(np.clip(np.linalg.eigvalsh(gram), 0, None))[..., ::-1]
+    return np.cumsum(sigma, axis=-1) / sigma.sum(axis=-1, keepdims=True)
+
+
+def merge_by_the_larger_lse(out_a, lse_a, out_b, lse_b):
+    top = np.maximum(lse_a, lse_b)  # (..., n): subtract before exp
+    w_a, w_b = np.exp(lse_a - top), np.exp(lse_b - top)
+    out = (w_a[..., None] * out_a + w_b[..., None] * out_b) / (w_a + w_b)[..., None]
+    return out, top + np.log(w_a + w_b)
+
+
+def flops_in_integers(b, h, n, s, d, e, k):
+    return 2 * b * h * n * s * (d + e), 2 * b * h * (k * s + n * k) * (d + e)
+
+
+@pytest.mark.parametrize("number, answer", [
+    ("1.1", attention_divide_where), ("1.3", merge_by_the_larger_lse), ("2.1", spectrum_by_the_smaller_gram),
+    ("4.3", flops_in_integers),
+], ids=lambda x: getattr(x, "__name__", x))
+def test_a_right_answer_beside_the_probed_slips_passes(number, answer, capsys):
+    from course_lib.checks import all_exercises
+
+    exercise = next(e for e in all_exercises() if e.number == number)
+    assert exercise(answer).status == PASSED, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("number, answer, mistake", [
+    ("1.1", attention_scaled_by_value_width, "scale-by-value-width"),
+    ("1.2", costs_of_one_head_with_every_P, "one-head-flops"),
+    ("1.3", merge_with_swapped_weights, "weights-swapped"),
+    ("2.1", spectrum_svd_squared, "gram-squared"),
+    ("2.1", spectrum_svd_sorted_ascending, "gram-ascending"),
+    ("2.1", spectrum_svd_not_cumulative, "not-cumulative"),
+    ("2.1", spectrum_svd_over_largest, "normalised-by-largest"),
+    ("4.1", projection_of_unit_rows, "rows-normalised-first"),
+    ("4.3", flops_of_one_sequence, "batch-forgotten"),
+    ("4.3", flops_one_per_multiply_add, "one-flop-per-multiply-add"),
+], ids=lambda x: getattr(x, "__name__", x))
+def test_a_probed_slip_written_by_hand_gets_its_own_hint(number, answer, mistake, capsys):
+    from course_lib.checks import all_exercises
+
+    exercise = next(e for e in all_exercises() if e.number == number)
+    result = exercise(answer)
+    out = capsys.readouterr().out
+    assert result.status == FAILED and result.mistake == mistake, out
+    assert next(m for m in exercise.mistakes if m.name == mistake).hint in out
+
+
+def test_the_svd_route_hints_name_the_svd(capsys):
+    # 2.1 has two right routes, np.linalg.svd and the Gram matrix's eigenvalues: the hints a learner on the
+    # SVD route meets (σ squared, sorted the wrong way) must speak of np.linalg.svd, not of eigenvalues only.
+    from course_lib.checks.lesson02 import exercise_2_1
+
+    hints = {m.name: m.hint for m in exercise_2_1.mistakes}
+    assert "np.linalg.svd" in hints["gram-squared"] and "np.linalg.svd" in hints["gram-ascending"]

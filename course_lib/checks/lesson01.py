@@ -52,11 +52,11 @@ def _lower(n, s):
     return np.tril(np.ones((n, s), bool))
 
 
-def _slip(*, scale=lambda d: d ** -0.5, axis=-1, allowed=_lower, **slip):
-    """The exercise's function, made with one slip."""
+def _slip(*, scale=lambda d, e: d ** -0.5, axis=-1, allowed=_lower, **slip):
+    """The exercise's function, made with one slip (``scale`` takes the head dims d and e)."""
     def attention(q, k, v, causal=False, key_mask=None):
-        return _attention_with(q, k, v, causal, key_mask, scale=scale(q.shape[-1]), axis=axis, allowed=allowed,
-                               **slip)
+        return _attention_with(q, k, v, causal, key_mask, scale=scale(q.shape[-1], v.shape[-1]), axis=axis,
+                               allowed=allowed, **slip)
     return attention
 
 
@@ -67,10 +67,13 @@ MISTAKES_1_1 = (
             "the mask lets query i see keys after i (the future): keep j <= i, the lower triangle (np.tril)."),
     Mistake("off-by-one", _slip(allowed=lambda n, s: np.tril(np.ones((n, s), bool), -1)),
             "a query may attend to itself: the causal mask includes the diagonal (j <= i, not j < i)."),
-    Mistake("missing-scale", _slip(scale=lambda d: 1.0),
+    Mistake("missing-scale", _slip(scale=lambda d, e: 1.0),
             "the scores are not scaled: divide q kᵀ by √d before the softmax (Eq. 1.2)."),
-    Mistake("scale-by-d", _slip(scale=lambda d: 1.0 / d),
+    Mistake("scale-by-d", _slip(scale=lambda d, e: 1.0 / d),
             "the scores are divided by d; the scale is 1/√d (Eq. 1.2)."),
+    Mistake("scale-by-value-width", _slip(scale=lambda d, e: e ** -0.5),
+            "the scores are divided by √e, the width of the values (v.shape[-1]); the scale is 1/√d with d the "
+            "width of the queries and keys, q.shape[-1], the length of the dot products q·k (Eq. 1.2)."),
     Mistake("softmax-over-queries", _slip(axis=-2),
             "the softmax runs over the query axis; normalise over keys (the last axis) so each row of P sums to 1."),
     Mistake("mask-after-softmax", _slip(renormalise=False),
@@ -181,6 +184,10 @@ MISTAKES_1_2 = (
     Mistake("one-head-only", _costs_with(heads_of_flops="one", p_matrices="one"),
             "these are one head's costs: a layer runs h heads side by side, each with its own two products and "
             "its own P; count all h."),
+    Mistake("one-head-flops", _costs_with(heads_of_flops="one"),
+            "the weights count all h matrices P, but the FLOPs are one head's: every head does its own two "
+            "products, Q Kᵀ and P V at width d = d_model / h, so multiply one head's FLOPs by h (h heads of width "
+            "d_model / h cost as much as one head of width d_model)."),
     Mistake("one-P-for-all-heads", _costs_with(p_matrices="one"),
             "each head has its own scores and its own softmax, so its own (n, n) matrix P: h heads store h·n² "
             "weights, not n²."),
@@ -302,6 +309,8 @@ def _merge_with(*, weights="shares", lse="logaddexp", normalise=True):
                 w_a = w_b = np.full_like(lse_a, 0.5)
             elif weights == "by-lse":
                 w_a, w_b = lse_a / (lse_a + lse_b), lse_b / (lse_a + lse_b)
+            elif weights == "swapped":  # each block weighted by the other's share
+                w_a, w_b = np.exp(lse_b - np.logaddexp(lse_a, lse_b)), np.exp(lse_a - np.logaddexp(lse_a, lse_b))
             elif weights == "naive":  # exp of the log-normalisers themselves: overflows in the thousands
                 total_exp = np.exp(lse_a) + np.exp(lse_b)
                 w_a, w_b = np.exp(lse_a) / total_exp, np.exp(lse_b) / total_exp
@@ -321,6 +330,9 @@ MISTAKES_1_3 = (
     Mistake("weights-by-lse", _merge_with(weights="by-lse"),
             "the weights are shares of the normalisers Σ_j exp(·) = e^ℓ, not of the logarithms ℓ: use "
             "exp(ℓa − ℓ) and exp(ℓb − ℓ)."),
+    Mistake("weights-swapped", _merge_with(weights="swapped"),
+            "the weights are swapped: block A's output gets block A's own share, exp(ℓa − ℓ), the part of the "
+            "normaliser its keys contribute, and block B's output exp(ℓb − ℓ) — not each the other's."),
     Mistake("not-normalised", _merge_with(normalise=False),
             "each block's output is already an average: after exp(ℓa − m) and exp(ℓb − m) divide by their sum, "
             "so that the two weights add up to 1."),

@@ -40,6 +40,8 @@ def _cumulative_with(*, values="svd", normalise="total", order="descending", cum
         summed = np.cumsum(sigma, axis=-1) if cumulative else sigma
         if normalise == "total":
             return summed / sigma.sum(axis=-1, keepdims=True)
+        if normalise == "largest":
+            return summed / sigma.max(axis=-1, keepdims=True)
         return summed
     return cumulative_spectrum
 
@@ -54,18 +56,25 @@ MISTAKES_2_1 = (
             "not symmetric. Its singular values are the square roots of the eigenvalues of P Pᵀ (Eq. 2.3), or "
             "np.linalg.svd(P, compute_uv=False)."),
     Mistake("gram-squared", _cumulative_with(values="gram-squared"),
-            "the eigenvalues of P Pᵀ are σᵢ², and Eq. (2.2) sums the σᵢ themselves: take their square roots "
-            "(Eq. 2.3)."),
+            "you summed the squares σᵢ² — the eigenvalues of P Pᵀ, or np.linalg.svd's σ squared (the energy share "
+            "of Eq. 2.6, a different curve) — and Eq. (2.2) sums the σᵢ themselves: take the square roots of the "
+            "eigenvalues (Eq. 2.3), or use np.linalg.svd(P, compute_uv=False) as it comes, unsquared."),
     Mistake("gram-ascending", _cumulative_with(values="gram-ascending"),
-            "np.linalg.eigvalsh returns the eigenvalues in ascending order: reverse them (largest first) before the "
-            "cumulative sum, since c_k is the share of the k largest."),
+            "the values are summed smallest first: c_k is the share of the k LARGEST. np.linalg.svd returns σ "
+            "largest first — do not sort it ascending (np.sort) or reverse it — while np.linalg.eigvalsh returns "
+            "eigenvalues in ascending order: reverse those (largest first) before the cumulative sum."),
     Mistake("gram-larger-side", _cumulative_with(values="gram-larger-side"),
             "for a tall P (n > s), P Pᵀ is n × n and has n − s zero eigenvalues too many: use Pᵀ P (s × s), the "
             "smaller Gram matrix, so that you return r = min(n, s) values."),
     Mistake("not-normalised", _cumulative_with(normalise=None),
-            "the curve must end at 1: divide the cumulative sum by the total σ₁ + … + σᵣ (Eq. 2.2)."),
+            "the curve must end at 1: divide the cumulative sum by the total σ₁ + … + σᵣ (Eq. 2.2), keeping the "
+            "last axis for broadcasting (sigma.sum(axis=-1, keepdims=True)), whichever way you got the σᵢ."),
     Mistake("not-cumulative", _cumulative_with(cumulative=False),
-            "each entry is the share of the first k singular values together: take a cumulative sum (np.cumsum)."),
+            "each entry is the share of the first k singular values together: take a cumulative sum (np.cumsum) "
+            "along the last axis before dividing, whether the σᵢ came from np.linalg.svd or from P Pᵀ."),
+    Mistake("normalised-by-largest", _cumulative_with(normalise="largest"),
+            "the curve is divided by σ₁, the largest singular value (sigma[..., 0], or np.linalg.norm(P, 2)): "
+            "divide by the total σ₁ + … + σᵣ instead, so that c_r = 1 (Eq. 2.2)."),
 )
 
 

@@ -69,6 +69,12 @@ def _centred(P, k):
     return _top_eigenvectors(rows.T @ rows, k)
 
 
+def _rows_normalised(P, k):
+    rows = P.reshape(-1, P.shape[-1])
+    rows = rows / np.linalg.norm(rows, axis=-1, keepdims=True)  # every row made a unit vector first
+    return _top_eigenvectors(rows.T @ rows, k)
+
+
 def _columns(P, k):
     return best_fixed_projection(P, k).T  # (s, k)
 
@@ -93,6 +99,10 @@ MISTAKES_4_1 = (
     Mistake("centred", _centred,
             "the error is that of P itself, not of P minus its mean row: a centred PCA drops the mean row, which "
             "every near-uniform row shares. Use the uncentred Σ PᵀP."),
+    Mistake("rows-normalised-first", _rows_normalised,
+            "you normalised each row of P (to unit length) before the fit: the objective Σ‖P_t − P_t Π‖² weighs "
+            "each row by its own size, so a peaked row, with a large norm, counts more than a near-uniform one. "
+            "Rescaling the rows changes M = Σ PᵀP and its top eigenvectors: use the rows as they are."),
     Mistake("columns-not-rows", _columns,
             "F holds the k directions as ROWS, shape (k, s), so that F K is (k, d); eigenvectors come back as the "
             "columns of eigh's second result: transpose them."),
@@ -227,8 +237,10 @@ def attention_flops(b, h, n, s, d, e, k):
     return exact, projections + 2.0 * b * h * n * k * (d + e)  # Q K̄ᵀ and P̄ V̄
 
 
-def _flops_with(*, per_mac=2.0, projections=True, heads_project=True, square=False, widths=lambda d, e: d + e):
+def _flops_with(*, per_mac=2.0, projections=True, heads_project=True, square=False, widths=lambda d, e: d + e,
+                batch=True):
     def flops(b, h, n, s, d, e, k):
+        b = b if batch else 1
         s_used = n if square else s
         exact = per_mac * b * h * n * s_used * widths(d, e)
         proj = per_mac * b * (h if heads_project else 1) * k * s_used * widths(d, e) if projections else 0.0
@@ -237,6 +249,10 @@ def _flops_with(*, per_mac=2.0, projections=True, heads_project=True, square=Fal
 
 
 MISTAKES_4_3 = (
+    # Before the multiply-add slip: in the case b = 2, a dropped b also halves every count.
+    Mistake("batch-forgotten", _flops_with(batch=False),
+            "these are the FLOPs of one sequence: a call on b sequences does every product b times, so multiply "
+            "both counts by b (Eq. 4.5 counts one sequence of one head)."),
     Mistake("one-flop-per-multiply-add", _flops_with(per_mac=1.0),
             "a multiply-add is 2 FLOPs (Eq. 4.5): an (a × b)(b × c) product costs 2·a·b·c."),
     Mistake("projections-forgotten", _flops_with(projections=False),

@@ -4,8 +4,11 @@
 must never hold the ``n`` states of the prefix sums.  Their checks measure it: after the seeded
 cases pass, the answer runs once more at a size where the forbidden array is large, and the peak
 of NumPy's allocations during that call (``tracemalloc``) must stay well below that array's size.
+``tracemalloc`` does not see torch's allocator, so while torch is loaded every tensor a torch
+operation returns is measured too (a dispatch mode: it sees the products inside ``einsum`` as well).
 """
 
+import sys
 import tracemalloc
 from dataclasses import dataclass
 
@@ -40,6 +43,68 @@ def _peak_bytes(fn, *args):
     finally:
         if not tracing:
             tracemalloc.stop()
+
+
+class _TorchTensors:
+    """While entered, the largest tensor any torch operation returns: ``largest = (elements, shape)``.
+
+    Elements are counted in the tensor's storage, so a view (``expand``, a slice) of a small tensor is
+    small. A no-op while torch is not loaded: a NumPy lesson never imports it.
+    """
+
+    def __init__(self):
+        self.largest, self._mode = (0, ()), None
+
+    def see(self, tensor):
+        try:
+            elements = tensor.untyped_storage().nbytes() // tensor.element_size()
+        except (RuntimeError, NotImplementedError):  # a tensor without a plain storage (sparse, nested)
+            elements = tensor.numel()
+        if elements > self.largest[0]:
+            self.largest = (elements, tuple(tensor.shape))
+
+    def __enter__(self):
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            self._mode = _dispatch_mode(torch, self)
+            self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self._mode is not None:
+            self._mode.__exit__(*exc)
+            self._mode = None
+
+
+def _dispatch_mode(torch, record):
+    """A torch dispatch mode that shows ``record`` every tensor an ATen operation returns."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Sizes(TorchDispatchMode):
+        @classmethod
+        def _should_skip_dynamo(cls):
+            # Nothing here is compiled: without this, the mode's first use imports torch._dynamo (about 800
+            # modules, seconds, and tens of MiB that tracemalloc would count against the answer).
+            return False
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for tensor in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(tensor, torch.Tensor):
+                    record.see(tensor)
+            return out
+    return _Sizes()
+
+
+def _footprint(fn, *args):
+    """``(NumPy's peak bytes, (elements, shape) of torch's largest tensor)`` while ``fn(*args)`` ran."""
+    loaded = "torch" in sys.modules
+    with _TorchTensors() as tensors:
+        peak = _peak_bytes(fn, *args)
+    if not loaded and "torch" in sys.modules:  # the call imported torch (counted in the peak): again, watched
+        with _TorchTensors() as tensors:
+            peak = _peak_bytes(fn, *args)
+    return peak, tensors.largest
 
 
 @dataclass
@@ -144,8 +209,13 @@ KERNEL_PROBE = 2048  # n = s of the size check: an (n, s) float64 kernel takes 3
 def _no_kernel(candidate):
     """Exercise 6.1's rule: at n = s = 2048 the call may not allocate a quarter of an (n, s) kernel."""
     q, k, v, key_mask = _padded(60, (), KERNEL_PROBE, KERNEL_PROBE, 8, 8, KERNEL_PROBE - 100)
-    kernel_bytes = KERNEL_PROBE * KERNEL_PROBE * 8
-    peak = _peak_bytes(candidate, q, k, v, key_mask)
+    kernel_elements = KERNEL_PROBE * KERNEL_PROBE
+    kernel_bytes = kernel_elements * 8
+    peak, (elements, shape) = _footprint(candidate, q, k, v, key_mask)
+    if elements >= kernel_elements / 4:  # torch: the kernel in any dtype, float16 included
+        return ("forms-the-kernel", f"  at n = s = {KERNEL_PROBE} (d = e = 8) the call made a torch tensor of shape "
+                f"{shape} ({elements:,} elements); the (n, s) kernel has {kernel_elements:,}, Eq. (6.3)'s largest "
+                "array (n, e) or (n, f) about 16,000.", MISTAKES_6_1[-1].hint)
     if peak < kernel_bytes / 4:
         return None
     return ("forms-the-kernel", f"  at n = s = {KERNEL_PROBE} (d = e = 8) the call allocated {peak / 2**20:.0f} MiB; "
@@ -180,8 +250,10 @@ def _chunks(x, chunk_size, drop_last=False):
     return x.reshape(*x.shape[:-2], g, chunk_size, x.shape[-1])
 
 
-def _chunked(*, inclusive=False, diagonal=0, masked=True, within_normaliser=True, drop_last=False):
-    """Exercise 6.2's function; the keywords make one slip each (the defaults: none)."""
+def _chunked(*, inclusive=False, diagonal=0, masked=True, within_normaliser=True, drop_last=False,
+             stored_after=False):
+    """Exercise 6.2's function; the keywords make one slip each (the defaults: none).  ``stored_after``: the
+    outputs use the state before each chunk, but the state returned for chunk g is the one after it."""
     def attention(q, k, v, chunk_size):
         n = q.shape[-2]
         a, b = _chunks(linear.elu_feature_map(q), chunk_size, drop_last), _chunks(linear.elu_feature_map(k),
@@ -204,6 +276,8 @@ def _chunked(*, inclusive=False, diagonal=0, masked=True, within_normaliser=True
 
         def positions(x):  # (..., g, c, e) → (..., n, e), the padding dropped
             return x.reshape(*x.shape[:-3], -1, x.shape[-1])[..., :length, :]
+        if stored_after:  # a loop that adds chunk g's sum, then stores the state for chunk g
+            states = states + per_chunk
         return states, positions(within), positions(output)
     return attention
 
@@ -217,6 +291,10 @@ MISTAKES_6_2 = (
     Mistake("inclusive-states", _chunked(inclusive=True),
             "the carried state must hold the chunks *before* chunk g only (the first chunk's is zero): with chunk "
             "g's own keys in it, each position counts its chunk twice and sees the rest of its chunk (Eq. 6.6)."),
+    Mistake("state-stored-after-the-update", _chunked(stored_after=True),
+            "the outputs are right, but states_before[g] holds chunk g's own keys: in a loop over the chunks, store "
+            "the running state for chunk g first and only then add chunk g's sum Σ_j phi(k_j) v_jᵀ (the first "
+            "chunk's state is zero; the last chunk's sum is never stored). With cumsum: np.cumsum(...) − per_chunk."),
     Mistake("unmasked-chunk", _chunked(masked=False),
             "inside its chunk, position i may only see j ≤ i: mask the c × c kernel with np.tril before using it "
             "(Eq. 6.6). Unmasked, every position reads the rest of its chunk — the future."),
@@ -247,7 +325,8 @@ exercise_6_2 = Exercise("6.2", "the chunkwise-parallel form of causal linear att
 
 # --- Exercise 6.3: how much a feature map's weights cancel ------------------------------------
 
-def _cancellation(*, map_keys=True, fraction=np.mean, signed=False, abs_after_sum=False, dead=1.0, inverted=False):
+def _cancellation(*, map_keys=True, fraction=np.mean, signed=False, abs_after_sum=False, dead=1.0, inverted=False,
+                  negative=np.less):
     """Exercise 6.3's function; the keywords make one slip each (the defaults: none)."""
     def report(q, k, feature_map):
         phi_q = feature_map(q)
@@ -260,7 +339,7 @@ def _cancellation(*, map_keys=True, fraction=np.mean, signed=False, abs_after_su
             ratio = size / top if inverted else top / size
         if dead is not None:
             ratio = np.where(size > 0, ratio, dead)  # no weight at all: nothing cancels
-        return normaliser, fraction(kernel < 0), ratio
+        return normaliser, fraction(negative(kernel, 0)), ratio
     return report
 
 
@@ -278,6 +357,13 @@ MISTAKES_6_3 = (
     Mistake("inverted-ratio", _cancellation(inverted=True),
             "that is the amplification Σ_j |w_ij| / |z_i| (1 or more): the cancellation ratio is its inverse, "
             "|z_i| / Σ_j |w_ij|, between 0 and 1."),
+    Mistake("zero-weights-counted-negative", _cancellation(negative=np.less_equal),
+            "a weight of exactly 0 (relu zeroes many) is not negative: count w_ij < 0, not w_ij <= 0. Zeros add "
+            "nothing to z_i and cancel nothing."),
+    Mistake("ratio-0-for-rows-without-weights", _cancellation(dead=0.0),
+            "a row whose weights are all zero (relu zeroes a query whose entries are all negative) gets ratio 1, "
+            "not 0: it has no terms that cancel, and 0 would flag it as the worst cancellation of all. Use "
+            "np.divide(..., out=np.ones_like(size), where=size > 0), or np.where(size > 0, ratio, 1.0)."),
     Mistake("nan-for-rows-without-weights", _cancellation(dead=None),
             "a row whose weights are all zero (relu zeroes a query whose entries are all negative) gives 0 / 0: "
             "nothing cancels there, so its ratio is 1 (np.where on Σ_j |w_ij| > 0)."),
@@ -382,7 +468,11 @@ def _one_running_state(candidate):
     """Exercise 6.4's rule: at n = 1024, f = e = 64 the call may not allocate a quarter of the n states."""
     n, f, e = STATES_PROBE
     states_bytes = n * f * e * 8
-    peak = _peak_bytes(candidate, *_backward_case(90, (), n, f, e))
+    peak, (elements, shape) = _footprint(candidate, *_backward_case(90, (), n, f, e))
+    if elements >= n * f * e / 4:
+        return ("keeps-all-states", f"  at n = {n}, f = e = {f} the call made a torch tensor of shape {shape} "
+                f"({elements:,} elements); the n states have {n * f * e:,}, the gradients {3 * n * f:,}.",
+                MISTAKES_6_4[-1].hint)
     if peak < states_bytes / 4:
         return None
     return ("keeps-all-states", f"  at n = {n}, f = e = {f} the call allocated {peak / 2**20:.0f} MiB; the n states "

@@ -1,6 +1,9 @@
 """Checks for the lesson 07 exercises (transformers are RNNs)."""
 
+import os
+import site
 import sys
+import sysconfig
 
 import numpy as np
 
@@ -68,44 +71,117 @@ def _cases_7_1():
     ]
 
 
-def _own_lines(candidate, n):
-    """How many lines of ``candidate``'s own source file one call runs for a prompt of ``n`` tokens."""
-    filename = candidate.__code__.co_filename
-    count = 0
+_LIBRARY = os.path.dirname(os.path.dirname(os.path.abspath(linear.__file__)))  # course_lib/
+# What Exercise 7.1 asks the learner to write: the library's causal forms (in either tree) and the check's own
+# reference, which runs the RNN.  Calling one of them passes the values and teaches nothing.
+_FORBIDDEN = frozenset({"causal_linear_attention", "causal_linear_attention_from_features",
+                        "causal_linear_attention_reference", "chunked_causal_sums"})
 
-    def tracer(frame, event, arg):  # library code (another file) is not traced line by line
-        nonlocal count
-        if frame.f_code.co_filename != filename:
-            return None
-        count += event == "line"
-        return tracer
+
+# Where Python's own modules and installed packages (NumPy, torch, …) live: their code is not the answer's,
+# and its line count may depend on the sizes (np.einsum's path search with optimize=True does).
+_INSTALLED = tuple(sorted({os.path.abspath(path) + os.sep for path in (
+    *(sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")),
+    *site.getsitepackages(), site.getusersitepackages())}))
+
+
+def _in_library(code):
+    return os.path.abspath(code.co_filename).startswith(_LIBRARY + os.sep)
+
+
+def _installed(code):
+    """True for code from the standard library or an installed package other than course_lib."""
+    filename = code.co_filename
+    if filename.startswith("<frozen"):
+        return True
+    return not _in_library(code) and os.path.abspath(filename).startswith(_INSTALLED)
+
+
+def _answers(code):
+    """True for the answer's code: its function and any helper, in any notebook cell or file of its own."""
+    return not _in_library(code) and not _installed(code)
+
+
+def _forbidden(code):
+    """The name of the library function ``code`` is, if the exercise asks for it to be written; else None."""
+    if not _in_library(code):
+        return None
+    if code.co_name in _FORBIDDEN:
+        return code.co_name
+    if os.path.basename(os.path.dirname(os.path.abspath(code.co_filename))) == "checks":
+        return f"the check's own {code.co_name}"
+    return None
+
+
+def _traced(candidate, n):
+    """One call of ``candidate`` on a prompt of ``n`` tokens, traced: ``(Python work, forbidden calls)``.
+
+    The work counts the lines the answer's own code runs — its function and the helpers it defines, in any
+    cell — and the Python calls made from it or from the library (a C-level ``map`` over a library step, or
+    over ``np.outer``, still makes one call per token). Lines and calls inside NumPy, torch or the standard
+    library are not counted: they are the same for any length, except where they search (``np.einsum``'s path).
+    """
+    work, forbidden, own = 0, [], getattr(candidate, "__code__", None)
+
+    def lines(frame, event, arg):
+        nonlocal work
+        work += event == "line"
+        return lines
+
+    def calls(frame, event, arg):
+        nonlocal work
+        caller = frame.f_back
+        work += caller is not None and not _installed(caller.f_code)
+        name = None if frame.f_code is own else _forbidden(frame.f_code)  # what it calls, not itself
+        if name is not None and name not in forbidden:
+            forbidden.append(name)
+        return lines if _answers(frame.f_code) else None
 
     args = _sequence_case(75, (), n, 3, 2)
     previous = sys.gettrace()
-    sys.settrace(tracer)
+    sys.settrace(calls)
     try:
         candidate(*args)
     finally:
         sys.settrace(previous)
-    return count
+    return work, forbidden
+
+
+def _no_library_call(candidate):
+    """None when the answer calls none of the library functions that compute what the exercise asks for."""
+    _, forbidden = _traced(candidate, 4)
+    if not forbidden:
+        return None
+    return f"your function calls {forbidden[0]} from course_lib."  # the first: the others are inside it
 
 
 def _no_loop(candidate):
-    """None when the answer runs as many of its own lines for a long prompt as for a short one: no loop over tokens."""
-    if not hasattr(candidate, "__code__"):  # a builtin or a partial: nothing to trace
+    """None when the answer does as much Python work for a long prompt as for a short one: no loop over tokens."""
+    (short, _), (long, _) = _traced(candidate, 4), _traced(candidate, 64)
+    if long <= short + 8:  # a parallel answer: the same lines and calls whatever the length
         return None
-    short, long = _own_lines(candidate, 4), _own_lines(candidate, 64)
-    if long <= short + 8:  # a parallel answer: the same lines whatever the length
-        return None
-    return (f"for a prompt of 64 tokens your function ran {long} lines of its own code, for 4 tokens {short}: it "
-            "loops over the prompt's positions.")
+    return (f"for a prompt of 64 tokens your function ran {long} lines and calls of Python code (its own, its "
+            f"helpers' in any cell), for 4 tokens {short}: it loops over the prompt's positions.")
+
+
+def _prefill_by_library(q, k, v):
+    """The right values, with the outputs from the library's causal linear attention."""
+    phi_k = _phi(k)  # (..., n, f)
+    return linear.causal_linear_attention(q, k, v), np.swapaxes(phi_k, -1, -2) @ v, phi_k.sum(axis=-2)
 
 
 REQUIREMENTS_7_1 = (
+    Requirement("calls-the-library", _no_library_call,
+                "the outputs are right, but they come from the library's causal linear attention (or the check's "
+                "reference), the function this exercise asks you to write. Build them from elu_feature_map and "
+                "NumPy: the causal n × n kernel (np.tril) or prefix sums (np.cumsum), then S and Z as sums over "
+                "the prompt.",
+                _prefill_by_library),
     Requirement("loops-over-positions", _no_loop,
                 "the outputs are right, but they come from a loop over the prompt's tokens, the RNN of Section "
-                "7.1. A prompt is known in full: write Eq. (7.1) for every position at once (the causal n × n "
-                "kernel, or prefix sums), and the state after n tokens as one sum over them.",
+                "7.1 (in your function or in a helper it calls). A prompt is known in full: write Eq. (7.1) for "
+                "every position at once (the causal n × n kernel, or prefix sums), and the state after n tokens "
+                "as one sum over them.",
                 _prefill_reference),
 )
 

@@ -33,6 +33,9 @@ MISTAKES_8_1 = (
             "exp(xᵀy + ‖x‖²/2 + ‖y‖²/2), not exp(xᵀy) (Eq. 8.4, Lemma 1)."),
     Mistake("plus-half-norm", _positive(half_norm=0.5),
             "the norm term has the wrong sign: subtract ‖x‖²/2 (it is exp(‖x‖²/2) only in the trig features)."),
+    Mistake("norm-not-halved", _positive(half_norm=-1.0),
+            "the norm term is −‖x‖²/2, half the squared norm: with −‖x‖² the estimate is exp(xᵀy − ‖x‖²/2 − "
+            "‖y‖²/2), too small by exp(−(‖x‖² + ‖y‖²)/2) (Eq. 8.4, Lemma 1: E[exp(ωᵀx)] = exp(‖x‖²/2))."),
     Mistake("missing-1/sqrt(m)", _positive(divide=False),
             "divide by √m: phi(x)·phi(y) averages m terms, so each feature carries 1/√m (the estimate is "
             "m times too large otherwise)."),
@@ -53,7 +56,8 @@ exercise_8_1 = Exercise("8.1", "positive random features", _positive_reference, 
 
 # --- Exercise 8.2: how many features? Lemma 2, predicted then measured --------------------------
 
-def _needed(x, y, rel_error, *, z_for_positive=True, square=True, relative=True, rounding=np.ceil, half=True):
+def _needed(x, y, rel_error, *, z_for_positive=True, square=True, relative=True, rounding=np.ceil, half=True,
+            trig_relative=True):
     """m for a relative RMS error ``rel_error`` on exp(xᵀy) (Eq. 8.3), made with optional slips."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     z_sq, delta_sq = np.sum((x + y) ** 2, axis=-1), np.sum((x - y) ** 2, axis=-1)  # (...,)
@@ -63,6 +67,8 @@ def _needed(x, y, rel_error, *, z_for_positive=True, square=True, relative=True,
     trig = np.exp(z_sq) * sm**-4 * (1 - np.exp(-delta_sq)) ** 2 / (2 if half else 1)  # MSE_trig / SM², times m
     if not relative:
         positive, trig = positive * sm**2, trig * sm**2
+    elif not trig_relative:  # the positive MSE divided by SM², the trig one left absolute
+        trig = trig * sm**2
     return rounding(positive / target).astype(np.int64), rounding(trig / target).astype(np.int64)
 
 
@@ -80,6 +86,10 @@ MISTAKES_8_2 = (
     Mistake("absolute-error", lambda *a: _needed(*a, relative=False),
             "Eq. (8.3) gives the MSE; the target is relative to the kernel value, so divide by SM(x, y)² = "
             "exp(2 xᵀy) first."),
+    Mistake("trig-not-relative", lambda *a: _needed(*a, trig_relative=False),
+            "m_positive is right, but the trig MSE of Eq. (8.3) was not divided by SM(x, y)² = exp(2 xᵀy): the "
+            "target is relative for both estimators. Divided, exp(‖z‖²) SM⁻⁴ = exp(‖Δ‖²) and the trig relative "
+            "MSE is (1 − exp(−‖Δ‖²))² exp(‖Δ‖²) / (2m) = (cosh ‖Δ‖² − 1) / m."),
     Mistake("trig-without-half", lambda *a: _needed(*a, half=False),
             "the trig MSE of Eq. (8.3) has 1 / (2m): m frequencies give 2m features (sin and cos)."),
     Mistake("rounded-down", lambda *a: _needed(*a, rounding=np.floor),
