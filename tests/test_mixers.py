@@ -1,6 +1,7 @@
 """The recurrent mixers GatedLinearAttention and DeltaNet (torch/_mixers.py, exported by torch/modules.py):
 shapes, the chunked form against the token loop, causality, padding, each decay option, gradients,
-state_size, the recurrence inside, bad arguments and CUDA."""
+state_size, the recurrence inside, bad arguments and CUDA; and their state (notebook 14): prefill and
+step from a state equal forward, any split of a prefill, a padded position writes no state."""
 
 import pytest
 import torch
@@ -223,6 +224,78 @@ def test_a_bad_decay_name_raises():
 def test_heads_must_divide_the_width(make, n_heads):
     with pytest.raises(ValueError, match=r"n_heads must be a positive divisor of the model width: d_model = 16"):
         make(D_MODEL, n_heads)
+
+
+def _same_state(got, expected, **tolerance):
+    for a, b in zip(got, expected, strict=True):  # MixerState(conv, S)
+        torch.testing.assert_close(a, b, **tolerance)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("conv_size", [4, 0])
+def test_prefill_then_steps_equals_forward(kind, conv_size):
+    module, x = _make(kind, conv_size=conv_size, chunk_size=4, dtype=torch.float64), _inputs(n=23, dtype=torch.float64)
+    out, state = module.prefill(x[:, :7])
+    outs = [out]
+    for t in range(7, 23):
+        out_t, state = module.step(x[:, t], state)
+        outs.append(out_t[:, None])
+    torch.testing.assert_close(torch.cat(outs, dim=1), module(x), rtol=1e-10, atol=1e-10)
+    assert state.conv.shape == (2, max(conv_size - 1, 0), 3 * D_MODEL)
+    assert state.S.shape == (2, HEADS, D_MODEL // HEADS, D_MODEL // HEADS)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_any_split_of_a_prefill_gives_the_same_outputs_and_state(kind):
+    module, x = _make(kind, chunk_size=4, dtype=torch.float64), _inputs(n=23, dtype=torch.float64)
+    expected_out, expected = module.prefill(x)
+    for pieces in [(1, 2, 20), (3, 5, 15), (4, 8, 11), (23,)]:  # shorter than a chunk, ragged, whole chunks
+        state, outs, start = module.empty_state(2), [], 0
+        for length in pieces:
+            out, state = module.prefill(x[:, start:start + length], state)
+            outs.append(out)
+            start += length
+        torch.testing.assert_close(torch.cat(outs, dim=1), expected_out, rtol=1e-10, atol=1e-10)
+        _same_state(state, expected, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("pads", ["right", "left", "middle"])
+def test_a_padded_position_writes_no_state(kind, pads):
+    # from a state that is not empty, so a pad on the left must not push the state's inputs out of the window
+    module, x = _make(kind, chunk_size=4, bias=True, dtype=torch.float64), _inputs(b=1, n=23, dtype=torch.float64)
+    _, state = module.prefill(x[:, :5])
+    key_mask = torch.ones(1, 18, dtype=torch.bool)
+    key_mask[:, {"right": slice(13, 18), "left": slice(0, 5), "middle": slice(6, 11)}[pads]] = False
+    chunk = x[:, 5:].masked_fill(~key_mask[..., None], 1e3)  # huge pads: they must add nothing
+    out, padded_state = module.prefill(chunk, state, key_mask=key_mask)
+    alone_out, alone = module.prefill(chunk[key_mask][None], state)
+    torch.testing.assert_close(out[key_mask], alone_out[0], rtol=1e-10, atol=1e-10)
+    _same_state(padded_state, alone, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_zero_padded_last_chunk_would_change_the_state(kind):
+    # What the key_mask prevents: run the prompt zero-padded to whole chunks, and the outputs at the
+    # real positions stay right (causal) while the state does not.
+    module, x = _make(kind, chunk_size=4, dtype=torch.float64), _inputs(n=13, dtype=torch.float64)
+    out, state = module.prefill(x)
+    padded = nn.functional.pad(x, (0, 0, 0, 3))  # (b, 16, d_model): whole chunks
+    padded_out, padded_state = module.prefill(padded)
+    torch.testing.assert_close(padded_out[:, :13], out, rtol=1e-10, atol=1e-10)
+    assert not torch.allclose(padded_state.S, state.S) and not torch.allclose(padded_state.conv, state.conv)
+    key_mask = torch.arange(16)[None, :] < 13
+    _same_state(module.prefill(padded, key_mask=key_mask.expand(2, 16))[1], state, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_prefill_and_step_never_change_the_state_they_are_given(kind):
+    module, x = _make(kind), _inputs(n=9)
+    _, state = module.prefill(x[:, :5])
+    kept = [t.clone() for t in state]
+    module.prefill(x[:, 5:], state)
+    module.step(x[:, 5], state)
+    _same_state(state, kept, rtol=0, atol=0)
 
 
 @requires_cuda

@@ -13,19 +13,39 @@ scale.  Names follow ``course_lib.torch.modules``: ``q_proj, k_proj, v_proj, out
 
     GatedLinearAttention(d_model, n_heads, *, decay="head", ...)   decay: "none" | "fixed" | "head" | "channel"
     DeltaNet(d_model, n_heads, *, gated=False, ...)                Gated DeltaNet with gated=True
+
+Notebook 14 makes them generate.  A layer's state is ``MixerState(conv, S)``: the short convolution's
+last ``conv_size − 1`` inputs ``(b, conv_size − 1, 3·d_model)`` (q, k, v side by side) and the matrix
+S ``(b, h, d, e)``.  ``prefill(x, state)`` consumes a chunk of tokens with the chunked form and returns
+the next state (``forward(x)`` is ``prefill`` from the empty state); ``step(x_t, state)`` consumes one
+token with the library's one-token step.  A padded position (``key_mask`` False) is as if it were not
+there: it writes nothing into S (zero key, β = 0, a = 1) and nothing into the convolution's window,
+whether the pads are on the right, on the left or in between.
 """
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from course_lib import _validate
-from course_lib.torch.delta import delta_rule_attention
+from course_lib.torch.delta import delta_rule_attention, delta_rule_step
 from course_lib.torch.full import merge_heads, split_heads
-from course_lib.torch.gated import DEFAULT_CHUNK_SIZE, gated_linear_attention
+from course_lib.torch.gated import DEFAULT_CHUNK_SIZE, gated_linear_attention, gated_linear_attention_step
 
 DECAYS = ("none", "fixed", "head", "channel")
+
+
+class MixerState(NamedTuple):
+    """What a recurrent layer carries from one token to the next. Notebook 14.
+
+    conv: the short convolution's last ``conv_size − 1`` real inputs ``(b, conv_size − 1, 3·d_model)``.
+    S: the recurrent matrix ``(b, h, d, e)`` (keys × values).
+    """
+
+    conv: torch.Tensor
+    S: torch.Tensor
 
 
 class ShortConvolution(nn.Module):
@@ -38,15 +58,38 @@ class ShortConvolution(nn.Module):
                               device=device, dtype=dtype)
 
     def forward(self, x):  # x (b, n, channels)
+        return self.with_state(x, x.new_zeros(x.shape[0], self.size - 1, x.shape[-1]))[0]  # zeros before t = 0
+
+    def with_state(self, x, state, key_mask=None):
+        """The convolution continued from ``state``: ``x (b, n, channels)`` → ``(y (b, n, channels), next state)``.
+
+        ``state (b, size − 1, channels)`` holds the last real inputs before ``x`` (zeros: none yet).  Pads
+        (``key_mask (b, n)`` False) are moved behind the real tokens first, so each real token's window
+        and the next state hold real inputs only; y is put back in the original order.
+        """
+        n, weight = x.shape[1], self.conv.weight[:, 0]  # weight (channels, size)
+        if key_mask is not None:  # a stable sort puts the real tokens first, in order, then the pads
+            order = torch.argsort((~key_mask).to(torch.int8), dim=1, stable=True)[..., None].expand_as(x)  # (b, n, c)
+            x = x.gather(1, order)
+        window = torch.cat([state, x], dim=1)  # (b, size − 1 + n, channels)
         # y_t = Σ_j w_j x_{t − size + 1 + j}: ``size`` shifted multiply-adds, the same sum as ``self.conv`` with
         # its right overhang cut, and several times faster than a depthwise Conv1d's backward on a CPU
-        n, weight = x.shape[1], self.conv.weight[:, 0]  # weight (channels, size)
-        padded = nn.functional.pad(x, (0, 0, self.size - 1, 0))  # (b, n + size − 1, channels): zeros before t = 0
-        return nn.functional.silu(sum(weight[:, j] * padded[:, j:j + n] for j in range(self.size)))
+        y = nn.functional.silu(sum(weight[:, j] * window[:, j:j + n] for j in range(self.size)))  # (b, n, channels)
+        real = torch.full((x.shape[0],), n, device=x.device) if key_mask is None else key_mask.sum(1)  # (b,)
+        last = (real[:, None] + torch.arange(self.size - 1, device=x.device))[..., None]  # (b, size − 1, 1)
+        next_state = window.gather(1, last.expand(-1, -1, x.shape[-1]))  # (b, size − 1, channels)
+        if key_mask is not None:
+            y = torch.empty_like(y).scatter_(1, order, y)  # back to the original positions
+        return y, next_state
 
 
 class _RecurrentMixer(nn.Module):
-    """The front end and back end both layers share; a subclass supplies ``recur(x, q, k, v)``."""
+    """The front end and back end both layers share. Notebooks 11 and 14.
+
+    A subclass supplies ``gates(x, key_mask)`` (its decays and β per head and token, a pad's set to
+    write and forget nothing), ``recur(q, k, v, gates, S)`` (the chunked form from S, returning the
+    next S) and ``recur_step(q_t, k_t, v_t, gates_t, S)`` (one token).
+    """
 
     def __init__(self, d_model, n_heads, *, conv_size=4, chunk_size=DEFAULT_CHUNK_SIZE, norm_eps=1e-5, bias=False,
                  device=None, dtype=None):
@@ -60,24 +103,66 @@ class _RecurrentMixer(nn.Module):
         self.conv = ShortConvolution(3 * d_model, conv_size, device=device, dtype=dtype) if conv_size else None
         self.norm = nn.RMSNorm(self.head_dim, eps=norm_eps, device=device, dtype=dtype)  # per head
 
+    def empty_state(self, batch_size):
+        """The state before any token: a ``MixerState`` of zeros, in the parameters' dtype and device."""
+        weight = self.q_proj.weight
+        conv = weight.new_zeros(batch_size, max(self.conv_size - 1, 0), 3 * self.d_model)  # (b, size − 1, 3 d_model)
+        return MixerState(conv, weight.new_zeros(batch_size, self.n_heads, self.head_dim, self.head_dim))
+
     def forward(self, x, *, key_mask=None):
-        """``x (b, n, d_model)`` → ``(b, n, d_model)``; padded positions (``key_mask`` False) write nothing."""
+        """``x (b, n, d_model)`` → ``(b, n, d_model)``: ``prefill`` from the empty state; pads write nothing."""
+        return self.prefill(x, key_mask=key_mask)[0]
+
+    def prefill(self, x, state=None, *, key_mask=None):
+        """A chunk of tokens consumed from a state, in parallel. Notebook 14.
+
+        The chunked form with ``initial_state``: no loop over tokens.  A pad leaves the state as it found it.
+
+        Args:
+            x: ``(b, n, d_model)``.
+            state: a ``MixerState`` (from ``empty_state``, ``prefill`` or ``step``), or None (the empty state).
+            key_mask: ``(b, n)`` boolean, True at real tokens, or None.
+
+        Returns:
+            ``(out (b, n, d_model), next MixerState)``; ``state`` is not changed.
+        """
+        if state is None:
+            state = self.empty_state(x.shape[0])
         if key_mask is not None:
             x = x.masked_fill(~key_mask[..., None], 0.0)  # what the decay and β projections of a pad see
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (b, n, d_model)
-        if key_mask is not None:  # zero after the projections as well: a pad's bias must reach neither conv nor state
-            q, k, v = (t.masked_fill(~key_mask[..., None], 0.0) for t in (q, k, v))
+        q, k, v, conv = self._heads(x, state.conv, key_mask)  # (b, h, n, d)
+        out, S = self.recur(q, k, v, self.gates(x, key_mask), state.S)  # (b, h, n, e), (b, h, d, e)
+        return self.out_proj(merge_heads(self.norm(out))), MixerState(conv, S)  # (b, n, d_model)
+
+    def step(self, x_t, state):
+        """One token consumed from a state, with the library's one-token step. Notebook 14.
+
+        Args:
+            x_t: ``(b, d_model)``; state: a ``MixerState``.
+
+        Returns:
+            ``(out_t (b, d_model), next MixerState)``; ``state`` is not changed.
+        """
+        x = x_t[:, None]  # (b, 1, d_model): a sequence of one
+        q, k, v, conv = self._heads(x, state.conv, None)  # (b, h, 1, d)
+        gates = [None if g is None else g[:, :, 0] for g in self.gates(x, None)]  # (b, h[, d]): one position
+        out, S = self.recur_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], gates, state.S)  # (b, h, e), (b, h, d, e)
+        return self.out_proj(self.norm(out).flatten(1)), MixerState(conv, S)  # (b, d_model)
+
+    def _heads(self, x, conv, key_mask):
+        """q, k, v ``(b, h, n, d)`` after the projections, the short convolution and the norms; the next conv state."""
+        qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)  # (b, n, 3 d_model)
         if self.conv is not None:
-            q, k, v = self.conv(torch.cat([q, k, v], dim=-1)).split(self.d_model, dim=-1)
-        else:
+            qkv, conv = self.conv.with_state(qkv, conv, key_mask)
+        q, k, v = qkv.split(self.d_model, dim=-1)  # (b, n, d_model) each
+        if self.conv is None:
             q, k = nn.functional.silu(q), nn.functional.silu(k)
         q, k, v = (split_heads(t, self.n_heads) for t in (q, k, v))  # (b, h, n, d)
         q = nn.functional.normalize(q, dim=-1) / math.sqrt(self.head_dim)
         k = nn.functional.normalize(k, dim=-1)  # ‖k‖ = 1: the delta rule's eigenvalue 1 - β stays in [0, 1]
-        if key_mask is not None:  # the convolution carries earlier tokens into a pad's key: a pad writes nothing
+        if key_mask is not None:  # a pad's q, k, v hold its bias or earlier tokens: its zero key writes nothing
             k = k.masked_fill(~key_mask[:, None, :, None], 0.0)
-        out = self.recur(x, q, k, v, key_mask)  # (b, h, n, d)
-        return self.out_proj(merge_heads(self.norm(out)))  # (b, n, d_model)
+        return q, k, v, conv
 
     def state_size(self):
         """Numbers in the recurrent state per sequence: h heads of d × d (keys × values)."""
@@ -133,14 +218,21 @@ class GatedLinearAttention(_RecurrentMixer):
             return rate.transpose(1, 2)  # (b, h, n)
         return split_heads(rate, self.n_heads)  # (b, h, n, d)
 
-    def recur(self, x, q, k, v, key_mask):
+    def gates(self, x, key_mask):
+        """``(log_decay,)``: log a_t ``(b, h, n)`` or ``(b, h, n, d)``; 0 (a = 1) at pads and for ``"none"``."""
         log_decay = self.log_decay(x)
         if log_decay is None:
-            log_decay = q.new_zeros(q.shape[:-1])  # a = 1
-        elif key_mask is not None:  # a padded position neither writes nor forgets
+            return (x.new_zeros(x.shape[0], self.n_heads, x.shape[1]),)  # (b, h, n): a = 1
+        if key_mask is not None:  # a padded position neither writes nor forgets
             mask = key_mask[:, None, :] if log_decay.dim() == 3 else key_mask[:, None, :, None]
             log_decay = log_decay.masked_fill(~mask, 0.0)
-        return gated_linear_attention(q, k, v, log_decay, chunk_size=self.chunk_size)
+        return (log_decay,)
+
+    def recur(self, q, k, v, gates, S):
+        return gated_linear_attention(q, k, v, *gates, chunk_size=self.chunk_size, initial_state=S, return_state=True)
+
+    def recur_step(self, q_t, k_t, v_t, gates_t, S):
+        return gated_linear_attention_step(q_t, k_t, v_t, *gates_t, S)
 
     def extra_repr(self):
         return super().extra_repr() + f", decay={self.decay!r}"
@@ -170,15 +262,25 @@ class DeltaNet(_RecurrentMixer):
             with torch.no_grad():
                 self.a_proj.bias.copy_(torch.log(torch.expm1(torch.logspace(-3, -1, n_heads, dtype=torch.float64))))
 
-    def recur(self, x, q, k, v, key_mask):
-        beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)  # (b, h, n) in (0, 1)
+    def gates(self, x, key_mask):
+        """``(beta, log_decay)``: β_t ``(b, h, n)`` in (0, 1), log a_t ``(b, h, n)`` or None; β = 0, a = 1 at pads."""
+        beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)  # (b, h, n)
         log_decay = None
         if self.gated:
             log_decay = (-torch.exp(self.A_log) * nn.functional.softplus(self.a_proj(x))).transpose(1, 2)  # (b, h, n)
         if key_mask is not None:  # a padded position neither writes nor forgets
             beta = beta.masked_fill(~key_mask[:, None, :], 0.0)
             log_decay = None if log_decay is None else log_decay.masked_fill(~key_mask[:, None, :], 0.0)
-        return delta_rule_attention(q, k, v, beta, log_decay=log_decay, chunk_size=self.chunk_size)
+        return beta, log_decay
+
+    def recur(self, q, k, v, gates, S):
+        beta, log_decay = gates
+        return delta_rule_attention(q, k, v, beta, log_decay=log_decay, chunk_size=self.chunk_size, initial_state=S,
+                                    return_state=True)
+
+    def recur_step(self, q_t, k_t, v_t, gates_t, S):
+        beta_t, log_decay_t = gates_t
+        return delta_rule_step(q_t, k_t, v_t, beta_t, S, log_decay_t=log_decay_t)
 
     def extra_repr(self):
         return super().extra_repr() + f", gated={self.gated}"

@@ -20,6 +20,11 @@ Notebooks 11 and 12 add the recurrent mixers of ``course_lib/torch/_mixers.py`` 
     GatedLinearAttention(d_model, n_heads, *, decay="head", conv_size=4, chunk_size=DEFAULT_CHUNK_SIZE, ...)
     DeltaNet(d_model, n_heads, *, gated=False, conv_size=4, chunk_size=DEFAULT_CHUNK_SIZE, ...)
 
+and notebook 14 their state, for generation (``MixerState(conv, S)``; ``course_lib.torch.hybrid`` uses them):
+
+    module.prefill(x, state=None, *, key_mask=None)   # → (out (b, n, d_model), next state): chunked, from a state
+    module.step(x_t, state)                            # x_t (b, d_model) → (out_t (b, d_model), next state)
+
 A causal module uses the chunked form (memory linear in n) unless ``chunk_size=None``; padded
 keys (``key_mask`` False) add nothing, causal or not.  ``recurrent(batch_shape)`` gives the
 one-token-at-a-time state of a causal linear or FAVOR+ module (``course_lib.torch.decoding``).
@@ -30,7 +35,7 @@ from torch import nn
 
 from course_lib.torch import linear, performer
 from course_lib.torch._attention_module import ProjectedAttention
-from course_lib.torch._mixers import DeltaNet, GatedLinearAttention  # noqa: F401 (the mixers of notebooks 11-12)
+from course_lib.torch._mixers import DeltaNet, GatedLinearAttention, MixerState  # noqa: F401 (notebooks 11-14)
 from course_lib.torch.decoding import RecurrentLinearAttention
 from course_lib.torch.linear import DEFAULT_CHUNK_SIZE, elu_feature_map
 from course_lib.torch.linformer import LinformerSelfAttention  # noqa: F401 (one of this file's modules)
