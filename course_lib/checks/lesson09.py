@@ -1,10 +1,12 @@
-"""Checks for the lesson 09 exercises (the paired test, signed weights, choosing a variant)."""
+"""Checks for the lesson 09 exercises (the paired test, signed weights, a crossover as an interval, choosing a
+variant)."""
 
 import math
 
 import numpy as np
 
 from course_lib import swap_in
+from course_lib.bench import stored
 from course_lib.checks import Exercise, Mistake
 
 # --- Exercise 9.1: is one model better? The paired test on the same texts -------------------------
@@ -132,7 +134,103 @@ exercise_9_2 = Exercise("9.2", "signed weights: the output and its cancellation"
                         MISTAKES_9_2, names=("output", "cancellation ratio"), atol=1e-9, rtol=1e-7)
 
 
-# --- Exercise 9.3: choose a variant for a budget -----------------------------------------------
+# --- Exercise 9.3: a crossover read from a grid, as an interval ---------------------------------
+
+def _interval(n, seconds_a, seconds_b, *, margin=1.0, slip=None):
+    """``(n_low, n_high)``: a is not faster than b at n_low, faster at n_high and every larger measured n (Section
+    9.2); ``(0, n[0])`` when a is faster at every measured n, ``(n[-1], inf)`` when not at the largest. Slips
+    optional (the default: none)."""
+    n, a, b = np.asarray(n), np.asarray(seconds_a, dtype=float), np.asarray(seconds_b, dtype=float)
+    if slip == "swapped":  # "faster" read the wrong way round
+        a, b = b, a
+    faster = b > (1.0 if slip == "no-margin" else margin) * a  # (p,)
+    if slip == "first-crossing":  # the first length at which a is faster, whether or not it stays so
+        start = int(np.argmax(faster)) if faster.any() else None
+    elif not faster[-1]:
+        start = None
+    else:
+        slower = np.flatnonzero(~faster)
+        start = int(slower[-1]) + 1 if len(slower) else 0
+    if slip == "point":
+        return math.inf if start is None else int(n[start])  # one length: where the grid says "faster from"
+    if slip == "midpoint":  # a point between the two lengths: the grid cannot say where in between
+        return math.inf if start is None else (0.0 if start == 0 else float(np.sqrt(n[start - 1] * n[start])))
+    if start is None:
+        return int(n[-1]), math.inf
+    if start == 0:
+        return 0, int(n[0])
+    if slip == "next-pair":  # the first faster length and the one after it
+        return int(n[start]), int(n[min(start + 1, len(n) - 1)])
+    return int(n[start - 1]), int(n[start])
+
+
+def _interval_reference(n, seconds_a, seconds_b, *, margin=1.0):
+    start = stored.faster_from(n, seconds_a, seconds_b, margin=margin)
+    if start is None:
+        return int(n[-1]), math.inf
+    interval = stored.crossover(n, seconds_a, seconds_b, margin=margin)
+    return (0, int(n[0])) if interval is None else interval
+
+
+def _interval_slip(slip):
+    return lambda *a, **kw: _interval(*a, **kw, slip=slip)
+
+
+MISTAKES_9_3 = (
+    Mistake("point-not-interval", _interval_slip("point"),
+            "a grid measures some lengths, not all: the crossover lies somewhere between the last measured n at "
+            "which a is not faster and the first from which it stays faster. Return both, (n_low, n_high), not "
+            "one length."),
+    Mistake("interpolated-point", _interval_slip("midpoint"),
+            "an interpolated point (a mean of the two lengths) claims more than the grid measured: return the "
+            "interval (n_low, n_high) itself."),
+    Mistake("first-crossing", _interval_slip("first-crossing"),
+            "the wrong pair of lengths: a must become AND stay faster. Where the times cross back and forth "
+            "(noise, or a kernel switch) the interval is the one after the LAST length at which a is not faster "
+            "— scan from the largest n down."),
+    Mistake("next-pair", _interval_slip("next-pair"),
+            "the wrong pair of lengths: n_low is the last measured n at which a is NOT faster, the one just "
+            "before n_high, not the length after it."),
+    Mistake("faster-the-wrong-way", _interval_slip("swapped"),
+            "a is faster where seconds_a < seconds_b (it takes less time); you compared the other way round."),
+    Mistake("ignores-margin", _interval_slip("no-margin"),
+            "with a margin, a counts as faster only where seconds_b > margin * seconds_a: a win by 5 % is no win "
+            "when margin = 1.5."),
+)
+
+
+def _grid_case(rng, lengths, cross_at, *, noise=0.0, flip_at=None):
+    """Times of a variant a (about linear in n) and b (about quadratic) that cross near ``cross_at``."""
+    n = np.asarray(lengths)
+    a = 1e-6 * n * cross_at
+    b = 1e-6 * n.astype(float) ** 2
+    a = a * np.exp(noise * rng.standard_normal(len(n)))
+    if flip_at is not None:  # one length at which a is slower again: a crossing that does not stay
+        a[flip_at] = 1.5 * b[flip_at]
+    return n, a, b
+
+
+def _cases_9_3():
+    rng = np.random.default_rng(93)
+    lengths = 2 ** np.arange(5, 15)  # 32 … 16,384
+    grid = stored.load()
+    n_perf, t_perf, t_sdpa = stored.common(stored.series(grid, "performer", m=256), stored.series(grid, "sdpa"))
+    return [
+        ("one clean crossing between 1,024 and 2,048", _grid_case(rng, lengths, 1500), {}),
+        ("crosses back once: faster at 512, slower at 1,024, faster from 2,048", _grid_case(
+            rng, lengths, 400, flip_at=5), {}),
+        ("the stored grid: FAVOR+ (m = 256) against SDPA", (n_perf, t_perf, t_sdpa), {}),
+        ("faster at every measured n", _grid_case(rng, lengths, 10), {}),
+        ("not faster at the largest n", _grid_case(rng, lengths, 50000), {}),
+        ("margin 1.5: faster by half at least", _grid_case(rng, lengths, 700, noise=0.05), {"margin": 1.5}),
+    ]
+
+
+exercise_9_3 = Exercise("9.3", "a crossover read from a grid, as an interval", _interval_reference, _cases_9_3,
+                        MISTAKES_9_3, names=("n_low", "n_high"), atol=0, rtol=0)
+
+
+# --- Exercise 9.4: choose a variant for a budget -----------------------------------------------
 
 def _choose(times, peaks, causal_ok, fixed_length, *, need_causal, variable_length, memory_cap,
             check_memory=True, check_causal=True, check_length=True, by="time", strict=False):
@@ -160,7 +258,7 @@ def _slip(**slip):
     return lambda *a, **kw: _choose(*a, **kw, **slip)
 
 
-MISTAKES_9_3 = (
+MISTAKES_9_4 = (
     Mistake("ignores-memory", _slip(check_memory=False),
             "the pick exceeds the memory cap: drop every variant whose peak memory is above memory_cap first."),
     Mistake("ignores-causal", _slip(check_causal=False),
@@ -183,7 +281,7 @@ _CAUSAL = [True, True, False, False, True, False]
 _FIXED = [False, False, True, False, False, False]
 
 
-def _cases_9_3():
+def _cases_9_4():
     table = (_TIMES, _PEAKS, _CAUSAL, _FIXED)
     return [
         ("encoder, fixed length, 64 MiB", table, dict(need_causal=False, variable_length=False, memory_cap=64.0)),
@@ -202,7 +300,7 @@ def _cases_9_3():
     ]
 
 
-exercise_9_3 = Exercise("9.3", "choose a variant for a budget", _choose_reference, _cases_9_3, MISTAKES_9_3,
+exercise_9_4 = Exercise("9.4", "choose a variant for a budget", _choose_reference, _cases_9_4, MISTAKES_9_4,
                         names=("index",), atol=0, rtol=0)
 
-EXERCISES = [exercise_9_1, exercise_9_2, exercise_9_3]
+EXERCISES = [exercise_9_1, exercise_9_2, exercise_9_3, exercise_9_4]
