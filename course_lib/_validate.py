@@ -2,8 +2,26 @@
 
 They look only at ``.shape`` and at a floating-point flag, so one message serves both
 frameworks, and a learner sees the argument name and the expected shape instead of a
-traceback from deep inside an einsum.
+traceback from deep inside an einsum.  The chunk sizes of the recurrences (notebooks 11-13) live
+here too: both trees need them, and the torch tree never imports the NumPy tree.
 """
+
+import math
+import numbers
+
+# Positions per chunk of every gated_linear_attention and delta-rule call that does not name one (both
+# trees).  Chosen by the lesson-12 grid, ``python -m course_lib.bench --preset recurrent`` (b = 1, h = 4,
+# d = e = 64, float32, forward+backward of the PyTorch form on this course's 2-core CPU): see the comment on
+# course_lib.bench.presets.RECURRENT for the measured times.  chunk_size=None is the token loop.
+RECURRENT_CHUNK_SIZE = 32
+
+# Positions per sub-chunk of gated_linear_attention with a decay per channel (Yang et al. 2024, §4).  Work
+# per position and channel grows as c' (the c' × c' decays inside a sub-chunk) plus c / c' (keys rescaled
+# for each later sub-chunk): least near c' = √c.  Measured with the PyTorch form, forward+backward, b = 1,
+# h = 4, n = 4096, d = e = 64, float32, one thread, least of 9 calls, as a multiple of the same call with a
+# decay per head: at c = 32, c' = 4: 2.34, 8: 2.13, 16: 2.36, 32 (no sub-chunks): 3.17; at c = 64, c' = 4:
+# 2.55, 8: 2.23, 16: 2.55.  On a shared 2-core AMD EPYC: provisional.
+SUB_CHUNK_SIZE = 8
 
 
 def _broadcastable(a, b):
@@ -96,8 +114,12 @@ def check_projection(name, proj, k, is_float):
                          f"{tuple(k.shape[:-2])}; use (k, n) for one projection, (h, k, n) for one per head.")
 
 
-def check_chunk_size(chunk_size, is_int):
-    """``chunk_size`` is None (the token loop or prefix sums) or a positive int."""
+def check_chunk_size(chunk_size, is_int=None):
+    """``chunk_size`` is None (the token loop or prefix sums) or a positive int (NumPy's integers too).
+
+    ``is_int`` overrides the test ``isinstance(chunk_size, numbers.Integral)``; a bool is never a size.
+    """
+    is_int = isinstance(chunk_size, numbers.Integral) if is_int is None else is_int
     if chunk_size is not None and (isinstance(chunk_size, bool) or not is_int):
         raise TypeError(f"chunk_size must be None (the token loop) or a positive int, got {chunk_size!r}.")
     if chunk_size is not None and chunk_size < 1:
@@ -127,9 +149,25 @@ def per_channel(log_decay, k, name="log_decay"):
                      f"(..., n, d) = {tuple(k.shape)} (one per channel), with k's leading dims; got {shape}.")
 
 
+def check_finite(name, lowest, highest):
+    """Refuse NaN and ±inf in an input, given its min and max (NaN when any value is NaN).
+
+    Through the recurrent state one NaN or inf spoils every later output, far from its cause.
+    """
+    if lowest != lowest or highest != highest:
+        raise ValueError(f"{name} holds NaN values: through the state one NaN spoils every later output; find where "
+                         "it came from (0 / 0, inf - inf, 0 * inf).")
+    if math.isinf(lowest) or math.isinf(highest):
+        raise ValueError(f"{name} must be finite, got values in [{lowest:.3g}, {highest:.3g}]: through the state one "
+                         "inf spoils every later output; find the overflow that made it.")
+
+
 def check_log_decay(name, largest, finite):
-    """A log decay is finite and ≤ 0 (a decay a = e^{log a} in (0, 1])."""
-    if not finite:
+    """A log decay is finite and ≤ 0 (a decay a = e^{log a} in (0, 1]).  ``largest`` is its max: NaN if any is."""
+    if largest != largest:  # a max is NaN when any value is
+        raise ValueError(f"{name} holds NaN values: a NaN decay makes the state, and every later output, NaN; "
+                         "find where it came from (log of a negative number, 0 * inf, an overflow in the gate).")
+    if not finite and largest <= 0:
         raise ValueError(f"{name} must be finite: a decay of exactly 0 (log = -inf) makes the masked differences "
                          "-inf - (-inf) = NaN; use a large negative value such as -30 instead.")
     if largest > 0:
@@ -138,15 +176,18 @@ def check_log_decay(name, largest, finite):
 
 
 def check_beta(beta, k, lowest, highest, name="beta"):
-    """``beta (..., n)`` with one writing strength per token, in [0, 1]."""
+    """``beta (..., n)`` with one writing strength per token, in [0, 2] (above 1: a negative eigenvalue)."""
     n = k.shape[-2]
     if len(beta.shape) != len(k.shape) - 1 or beta.shape[-1:] != (n,) or not _broadcastable(beta.shape[:-1],
                                                                                            k.shape[:-2]):
         raise ValueError(f"{name} must have shape (..., n) = {(*k.shape[:-2], n)}, one strength per token (k is "
                          f"{tuple(k.shape)}); got {tuple(beta.shape)}.")
-    if not (lowest >= 0 and highest <= 1):  # also False for NaN
-        raise ValueError(f"{name} must lie in [0, 1] (the delta rule's step size), got values in "
-                         f"[{lowest:.3g}, {highest:.3g}]; squash it with a sigmoid.")
+    if lowest != lowest or highest != highest:  # a min or max is NaN when any value is
+        raise ValueError(f"{name} holds NaN values: a NaN step size makes the state, and every later output, NaN.")
+    if not (lowest >= 0 and highest <= 2):
+        raise ValueError(f"{name} must lie in [0, 2] (the delta rule's step size; above 1 the update I - beta k k^T "
+                         f"has a negative eigenvalue), got values in [{lowest:.3g}, {highest:.3g}]; squash it with "
+                         "a sigmoid, or 2 * sigmoid for negative eigenvalues.")
 
 
 def key_norm_warning(largest_product):
@@ -165,8 +206,16 @@ def check_state(name, state, lead, d, e):
                          f"return_state=True), got {shape}.")
 
 
-def check_decay_per_head(channels, k, name="log_decay"):
-    """The delta rule takes one decay per head and token (Gated DeltaNet), never one per channel."""
-    if channels:
-        raise ValueError(f"{name} must have shape (..., n) = {tuple(k.shape[:-1])} for the delta rule (one decay per "
-                         "head and token, as in Gated DeltaNet); a decay per channel is gated_linear_attention's.")
+def check_householder(n_householder, q, k, v, beta, is_int):
+    """DeltaProduct: ``q (..., n, d)``, ``k (..., n·n_h, d)``, ``v (..., n·n_h, e)``, ``beta (..., n·n_h)``."""
+    if isinstance(n_householder, bool) or not is_int or n_householder < 1:
+        raise ValueError(f"n_householder must be a positive int (delta-rule steps per token), got {n_householder!r}.")
+    for name, x, rank in (("q", q, 2), ("k", k, 2), ("v", v, 2), ("beta", beta, 1)):
+        if len(x.shape) < rank:
+            raise ValueError(f"{name} must have a positions axis, got shape {tuple(x.shape)}.")
+    n = q.shape[-2]
+    for name, x, axis in (("k", k, -2), ("v", v, -2), ("beta", beta, -1)):
+        if x.shape[axis] != n * n_householder:
+            raise ValueError(f"{name} must have n * n_householder = {n} * {n_householder} = {n * n_householder} "
+                             f"positions (one per Householder step, token-major; q has n = {n}), got "
+                             f"{x.shape[axis]} ({name} is {tuple(x.shape)}).")

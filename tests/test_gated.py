@@ -1,6 +1,7 @@
 """Gated linear attention (numpy|torch/gated.py): the chunked form against the token loop and the loop
-against the written-out definition, initial_state, the step, strong decays, precision in float32 and
-half precision, gradcheck, the two trees against each other, properties and bad input."""
+against the written-out definition, the sub-chunked scores of a decay per channel, initial_state, the
+step, strong decays, precision in float32 and half precision, gradcheck, the two trees against each
+other, properties and bad input (more of it in test_recurrence_inputs.py)."""
 
 import numpy as np
 import pytest
@@ -141,6 +142,35 @@ def test_steps_equal_the_parallel_form_and_never_mutate_the_state(tree, rng, cha
     np.testing.assert_allclose(tree.numpy(state), parallel_state, rtol=1e-12, atol=1e-12)
 
 
+def _masked_scores(q, k, G):
+    """Σ_d q_id k_jd exp(G_id − G_jd) for j ≤ i, 0 above: the (c, c, d) form that sub-chunks avoid."""
+    c = q.shape[-2]
+    causal = np.tril(np.ones((c, c), bool))[..., None]  # (c, c, 1)
+    decay = np.exp(np.where(causal, G[..., :, None, :] - G[..., None, :, :], -np.inf))  # (..., c, c, d)
+    return np.einsum("...id,...jd,...ijd->...ij", q, k, decay)
+
+
+@pytest.mark.parametrize("c", [5, 16, 21])
+@pytest.mark.parametrize("sub", [1, 3, 8, 32])  # 32 > c: one sub-chunk, the masked form alone
+def test_channel_scores_equal_the_masked_form(tree, rng, c, sub):
+    q, k = rng.standard_normal((2, 2, 3, c, 4))
+    G = np.cumsum(rng.uniform(-1, 0, (2, 3, c, 4)), axis=-2)
+    got = tree.numpy(tree.gated.channel_scores(*tree.arrays(q, k, G), sub))
+    np.testing.assert_allclose(got, _masked_scores(q, k, G), rtol=1e-12, atol=1e-12)
+    strong = np.cumsum(np.full((c, 4), -30.0), axis=-2)  # e^-30 per token: e^{±G} alone would overflow
+    got = tree.numpy(tree.gated.channel_scores(*tree.arrays(q[0, 0], k[0, 0], strong), sub))
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, _masked_scores(q[0, 0], k[0, 0], strong), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("c, sub", [(7, 3), (16, 8), (21, 8), (9, 1)])
+def test_channel_scores_gradcheck(rng, c, sub):
+    q, k = rng.standard_normal((2, 2, c, 3))
+    G = np.cumsum(rng.uniform(-0.8, 0, (2, c, 3)), axis=-2)
+    inputs = [torch.tensor(x, requires_grad=True) for x in (q, k, G)]
+    assert torch.autograd.gradcheck(lambda q, k, G: torch_gated.channel_scores(q, k, G, sub), inputs)
+
+
 def test_masked_decay(tree):
     G = np.cumsum(np.array([-0.5, -1.0, -30.0, -2.0]))
     weights = tree.numpy(tree.gated.masked_decay(tree.array(G)))
@@ -251,6 +281,19 @@ def test_gradcheck(rng, channels, chunk_size):
     assert torch.autograd.gradcheck(run, inputs)
 
 
+def test_gradcheck_across_sub_chunks(rng):
+    # n = 21 in chunks of 16: two sub-chunks of 8 in each, the second chunk zero-padded from position 5
+    q, k, v, log_decay = _inputs(rng, lead=(2,), n=21, d=3, e=2, channels=True)
+    state = rng.standard_normal((2, 3, 2))
+    inputs = [torch.tensor(x, requires_grad=True) for x in (q, k, v, log_decay - 0.1, state)]
+
+    def run(q, k, v, log_decay, state):
+        return torch_gated.gated_linear_attention(q, k, v, log_decay, chunk_size=16, initial_state=state,
+                                                  return_state=True)
+
+    assert torch.autograd.gradcheck(run, inputs)
+
+
 @pytest.mark.parametrize("channels", [False, True], ids=["per-head", "per-channel"])
 @pytest.mark.parametrize("chunk_size", [None, 5])
 def test_numpy_and_torch_agree(rng, channels, chunk_size):
@@ -271,12 +314,17 @@ def test_numpy_and_torch_agree(rng, channels, chunk_size):
     G = np.cumsum(rng.uniform(-1, 0, (3, 6)), -1)
     np.testing.assert_allclose(torch_gated.masked_decay(torch.as_tensor(G)).numpy(), np_gated.masked_decay(G),
                                rtol=1e-14)
+    G = np.cumsum(rng.uniform(-1, 0, (3, 19, 4)), -2)
+    q, k = rng.standard_normal((2, 3, 19, 4))
+    np.testing.assert_allclose(torch_gated.channel_scores(*map(torch.as_tensor, (q, k, G)), 4).numpy(),
+                               np_gated.channel_scores(q, k, G, 4), rtol=1e-12, atol=1e-12)
 
 
 def test_the_default_chunk_size_is_shared():
     import inspect
 
-    assert torch_gated.DEFAULT_CHUNK_SIZE == np_gated.DEFAULT_CHUNK_SIZE
+    assert torch_gated.DEFAULT_CHUNK_SIZE == np_gated.DEFAULT_CHUNK_SIZE == _validate.RECURRENT_CHUNK_SIZE
+    assert torch_gated.SUB_CHUNK_SIZE == np_gated.SUB_CHUNK_SIZE == _validate.SUB_CHUNK_SIZE
     for module in (np_gated, torch_gated):
         default = inspect.signature(module.gated_linear_attention).parameters["chunk_size"].default
         assert default == np_gated.DEFAULT_CHUNK_SIZE
@@ -321,7 +369,8 @@ def _good(n=5, lead=(2, 3)):
 @pytest.mark.parametrize("log_decay, match", [
     (np.full((2, 3, 5), 0.5), r"log_decay must be <= 0"),
     (np.full((2, 3, 5), -np.inf), r"log_decay must be finite"),
-    (np.full((2, 3, 5), np.nan), r"log_decay must be finite"),
+    (np.full((2, 3, 5), np.nan), r"log_decay holds NaN values"),
+    (np.full((2, 3, 5), np.inf), r"log_decay must be <= 0"),
     (np.full((2, 3, 6), -0.1), r"log_decay must have shape \(\.\.\., n\) = \(2, 3, 5\)"),
     (np.full((3, 5), -0.1), r"log_decay must have shape \(\.\.\., n\)"),  # (h, n) for (b, h, n, d): ambiguous
     (np.full((2, 3, 5, 3), -0.1), r"log_decay must have shape .* \(\.\.\., n, d\) = \(2, 3, 5, 4\)"),

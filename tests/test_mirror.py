@@ -58,3 +58,12 @@ def test_numpy_tree_never_imports_torch():
     for name in _modules(course_lib.numpy):
         source = inspect.getsource(importlib.import_module(f"course_lib.numpy.{name}"))
         assert "import torch" not in source, f"course_lib/numpy/{name}.py imports torch"
+
+
+def test_torch_tree_never_imports_numpy_tree():
+    # STYLE: what both trees need lives in course_lib/_validate.py or course_lib/_shared.py
+    for name in _modules(course_lib.torch):
+        source = inspect.getsource(importlib.import_module(f"course_lib.torch.{name}"))
+        imports = [line for line in source.splitlines() if line.startswith(("import ", "from "))]
+        assert not [line for line in imports if "course_lib.numpy" in line or "course_lib import numpy" in line], (
+            f"course_lib/torch/{name}.py imports the NumPy tree")

@@ -9,19 +9,16 @@ arXiv 2405.21060) and GLA (a decay per channel; Yang et al. 2024, arXiv 2312.066
 The state S is ``(..., d, e)``, keys × values, as in flash-linear-attention (papers often write
 its transpose).  There is no normaliser and no 1/√d inside: the caller scales q.  Shapes:
 ``q, k (..., n, d)``, ``v (..., n, e)``, ``log_decay (..., n)`` (per head) or ``(..., n, d)``
-(per channel).  In the chunked form ``c`` is the chunk length and ``i``, ``j`` are query and key
-positions in one chunk.  float16 inputs are computed in float32 and the output cast back.
+(per channel).  In the chunked form ``c`` is the chunk length, ``c'`` a sub-chunk's, and ``i``, ``j``
+are query and key positions in one chunk.  float16 inputs are computed in float32 and the output cast
+back.
 """
 
 import numpy as np
 
 from course_lib import _validate
-
-# Positions per chunk of every call that does not name one, here and in course_lib.numpy.delta (both
-# trees).  Chosen by the lesson-12 grid, ``python -m course_lib.bench --preset recurrent`` (b = 1, h = 4,
-# d = e = 64, float32, forward+backward of the PyTorch form on this course's 2-core CPU): see the
-# comment on course_lib.bench.presets.RECURRENT for the measured times.  chunk_size=None is the token loop.
-DEFAULT_CHUNK_SIZE = 32
+from course_lib._validate import RECURRENT_CHUNK_SIZE as DEFAULT_CHUNK_SIZE  # here and in numpy.delta
+from course_lib._validate import SUB_CHUNK_SIZE
 
 
 def _work_dtype(*xs):
@@ -29,27 +26,33 @@ def _work_dtype(*xs):
     return np.promote_types(np.result_type(*xs), np.float32)
 
 
+def _check_arrays(names, xs, finite=True):
+    """Each a floating-point array, and (unless ``finite`` is False) free of NaN and inf; returned as arrays."""
+    arrays = [np.asarray(x) for x in xs]
+    for name, x in zip(names, arrays, strict=True):
+        _validate.check_float(name, x, np.issubdtype(x.dtype, np.floating))
+        if finite and x.size:  # a min or max is NaN when any value is
+            _validate.check_finite(name, float(x.min()), float(x.max()))
+    return arrays
+
+
 def _prepare(q, k, v, log_decay, initial_state, chunk_size, decay_name="log_decay"):
     """Check the arguments; return them broadcast to one leading shape, in the work dtype, and the decay's kind."""
-    arrays = [np.asarray(x) for x in (q, k, v)]
-    for name, x in zip(("q", "k", "v"), arrays, strict=True):
-        _validate.check_float(name, x, np.issubdtype(x.dtype, np.floating))
-    q, k, v = arrays
+    q, k, v = _check_arrays(("q", "k", "v"), (q, k, v))
     _validate.check_recurrence(q, k, v)
-    _validate.check_chunk_size(chunk_size, isinstance(chunk_size, int | np.integer))
+    _validate.check_chunk_size(chunk_size)
     lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     channels = False
     if log_decay is not None:
-        log_decay = np.asarray(log_decay)
-        _validate.check_float(decay_name, log_decay, np.issubdtype(log_decay.dtype, np.floating))
+        (log_decay,) = _check_arrays((decay_name,), (log_decay,), finite=False)  # check_log_decay says why
         channels = _validate.per_channel(log_decay, k, decay_name)
         if log_decay.size:
-            _validate.check_log_decay(decay_name, float(log_decay.max()), bool(np.isfinite(log_decay).all()))
+            lowest, largest = float(log_decay.min()), float(log_decay.max())
+            _validate.check_log_decay(decay_name, largest, bool(np.isfinite([lowest, largest]).all()))
         lead = np.broadcast_shapes(lead, log_decay.shape[:-2] if channels else log_decay.shape[:-1])
     n, d, e = k.shape[-2], k.shape[-1], v.shape[-1]
     if initial_state is not None:
-        initial_state = np.asarray(initial_state)
-        _validate.check_float("initial_state", initial_state, np.issubdtype(initial_state.dtype, np.floating))
+        (initial_state,) = _check_arrays(("initial_state",), (initial_state,))
         _validate.check_state("initial_state", initial_state, lead, d, e)
     work = _work_dtype(q, k, v)
     q, k, v = (np.broadcast_to(x, (*lead, n, x.shape[-1])).astype(work) for x in (q, k, v))
@@ -89,6 +92,36 @@ def masked_decay(G, inclusive=True):
     return np.exp(np.where(allowed, diff, -np.inf))  # exp(-inf) = 0 above the diagonal
 
 
+def channel_scores(q, k, G, sub=SUB_CHUNK_SIZE):
+    """A chunk's scores Σ_d q_id k_jd exp(G_id − G_jd), j ≤ i, by sub-chunks. Notebook 12; Yang et al. 2024, §4.
+
+    A decay per channel cannot leave the sum over d as one matmul, and its masked (c, c, d) decays
+    cost d times the memory of a decay per head.  So the chunk is cut into sub-chunks of c': a
+    sub-chunk's queries meet the earlier keys in one matmul, both rescaled to G at the sub-chunk's
+    first position r (G_i − G_r ≤ 0 for its queries, G_r − G_j ≤ 0 for earlier keys, as G falls along
+    the chunk: no factor overflows); only inside a sub-chunk are the (c', c', d) decays masked and
+    exponentiated.
+
+    Args:
+        q, k: ``(..., c, d)``; G: ``(..., c, d)``, the cumulative log decay from the chunk's start.
+        sub: positions per sub-chunk (the last may be shorter).
+
+    Returns:
+        ``(..., c, c)``, zero above the diagonal.
+    """
+    c = q.shape[-2]
+    scores = np.zeros((*np.broadcast_shapes(q.shape[:-2], k.shape[:-2], G.shape[:-2]), c, c), np.result_type(q, k, G))
+    for start in range(0, c, sub):
+        rows, first = slice(start, start + sub), G[..., start:start + 1, :]  # (..., 1, d): G_r
+        q_rel = q[..., rows, :] * np.exp(G[..., rows, :] - first)  # (..., c', d): exponents ≤ 0
+        k_rel = k[..., :start, :] * np.exp(first - G[..., :start, :])  # (..., r, d): exponents ≤ 0
+        scores[..., rows, :start] = q_rel @ np.swapaxes(k_rel, -1, -2)  # (..., c', r): the earlier sub-chunks
+        weights = masked_decay(np.swapaxes(G[..., rows, :], -1, -2))  # (..., d, c', c'): inside the sub-chunk
+        scores[..., rows, rows] = np.einsum("...id,...jd,...dij->...ij", q[..., rows, :], k[..., rows, :], weights,
+                                            optimize=True)
+    return scores
+
+
 def _chunked(q, k, v, log_decay, state, channels, chunk_size):
     """Chunk by chunk: the masked c × c interactions inside, the state across. Notebook 12, Eqs. (12.1)-(12.3)."""
     n, out = q.shape[-2], np.empty(v.shape, v.dtype)
@@ -98,8 +131,7 @@ def _chunked(q, k, v, log_decay, state, channels, chunk_size):
             else log_decay[..., part]
         G = np.cumsum(gc, axis=-2 if channels else -1)  # (..., c[, d]): log of the decay since the chunk began
         if channels:
-            weights = masked_decay(np.moveaxis(G, -1, -2))  # (..., d, c, c): each channel its own c × c decays
-            scores = np.einsum("...id,...jd,...dij->...ij", qc, kc, weights, optimize=True)  # (..., c, c)
+            scores = channel_scores(qc, kc, G)  # (..., c, c): sub-chunks, never a (c, c, d) tensor
             out[..., part, :] = (qc * np.exp(G)) @ state + scores @ vc  # (..., c, e)
             last = G[..., -1:, :]  # (..., 1, d)
             state = np.exp(last[..., 0, :, None]) * state + np.swapaxes(kc * np.exp(last - G), -1, -2) @ vc
@@ -117,7 +149,8 @@ def gated_linear_attention(q, k, v, log_decay, *, chunk_size=DEFAULT_CHUNK_SIZE,
 
     S_t = Diag(a_t) S_{t-1} + k_t v_tᵀ and o_t = S_tᵀ q_t with a_t = exp(log_decay_t): no
     normaliser and no 1/√d (the caller scales).  The chunked form exponentiates only masked
-    differences of cumulative log decays, so a decay of e^-30 per token stays finite.
+    differences of cumulative log decays, so a decay of e^-30 per token stays finite.  A decay per
+    channel is chunked by sub-chunks (``channel_scores``; Yang et al. 2024, §4).
 
     Args:
         q, k: ``(..., n, d)``; v: ``(..., n, e)``.
