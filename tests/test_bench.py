@@ -138,6 +138,7 @@ def _peer_installed():
     try:
         variants.load_peer("fla_delta_naive")
         variants.load_peer("fla_gated_delta_naive")
+        variants.load_peer("fla_kda_naive")
     except FileNotFoundError:
         return False
     return True

@@ -3,15 +3,16 @@
     python tools/peer_env.py            # once: download, unpack into build/peer/, check against the course
 
 flash-linear-attention (``fla-core`` on PyPI) needs triton, which the course never installs, so
-its package is not imported: the two reference files the ``recurrent`` benchmark preset compares
-with, ``fla/ops/delta_rule/naive.py`` (``delta_rule_chunkwise``) and
-``fla/ops/gated_delta_rule/naive.py`` (``naive_chunk_gated_delta_rule``), are unpacked from the
-wheel, with its licence and the one package they import (einops), into ``build/peer/`` (ignored
-by git).  ``course_lib.bench.variants`` loads them by path from there, or from ``$COURSE_PEER_DIR``;
-without them the peer's rows say "not installed".  This downloads from PyPI; nothing in the course
+its package is not imported: the reference files the ``recurrent`` benchmark preset compares
+with, ``fla/ops/delta_rule/naive.py`` (``delta_rule_chunkwise``),
+``fla/ops/gated_delta_rule/naive.py`` (``naive_chunk_gated_delta_rule``) and ``fla/ops/kda/naive.py``
+(``naive_chunk_kda``, Kimi Delta Attention), are unpacked from the wheel, with its licence and the
+one package they import (einops), into ``build/peer/`` (ignored by git).  ``course_lib.bench.variants``
+loads them by path from there, or from ``$COURSE_PEER_DIR``; without them the peer's rows say "not
+installed".  This downloads from PyPI; nothing in the course
 needs it, and no lesson or test runs it.
 
-The check at the end runs both references and the course's chunked forms on one input (float64,
+The check at the end runs the references and the course's chunked forms on one input (float64,
 q scaled by 1/√d as the references do) and prints the largest difference.
 """
 
@@ -28,6 +29,7 @@ WHEELS = {"fla-core": "0.6.0", "einops": "0.8.2"}
 FILES = {  # member of the fla-core wheel → where it goes
     "fla/ops/delta_rule/naive.py": "fla_delta_naive.py",
     "fla/ops/gated_delta_rule/naive.py": "fla_gated_delta_naive.py",
+    "fla/ops/kda/naive.py": "fla_kda_naive.py",
 }
 
 
@@ -73,6 +75,12 @@ def check(target=PEER):
     theirs = gated.naive_chunk_gated_delta_rule(*bthk, chunk_size=64)[0].transpose(1, 2)
     # the reference computes in float32 whatever it is given
     print(f"naive_chunk_gated_delta_rule against delta_rule_attention(log_decay=...): max |difference| "
+          f"{(ours - theirs).abs().max():.1e} (float32 inside the reference)")
+    kda = load_peer("fla_kda_naive", target)
+    g = torch.nn.functional.logsigmoid(torch.randn(b, h, n, d, generator=gen, dtype=torch.float64) + 4)  # per channel
+    ours = delta_rule_attention(q / d**0.5, k, v, beta, log_decay=g)
+    theirs = kda.naive_chunk_kda(*(x.transpose(1, 2) for x in (q, k, v, g, beta)), chunk_size=64)[0].transpose(1, 2)
+    print(f"naive_chunk_kda against delta_rule_attention(log_decay=(..., n, d)): max |difference| "
           f"{(ours - theirs).abs().max():.1e} (float32 inside the reference)")
 
 

@@ -83,7 +83,7 @@ def chunk_size(case):
     """The chunk c of ``case``: its own, else the library's ``DEFAULT_CHUNK_SIZE`` for that variant's module."""
     if case.chunk:
         return case.chunk
-    if case.variant in RECURRENT:
+    if case.variant in RECURRENT + LATER_RECURRENT:
         from course_lib.torch.gated import DEFAULT_CHUNK_SIZE
     else:
         from course_lib.torch.linear import DEFAULT_CHUNK_SIZE
@@ -251,15 +251,29 @@ def _recurrent_inputs(case, t, channels=False):
     t["log_decay"] = torch.nn.functional.logsigmoid(torch.randn(gate_shape, generator=t["gen"]) + 4).to(t["q"])
 
 
-def _build_delta(case, t, gated=False, loop=False):
+def _build_delta(case, t, gated=False, loop=False, channels=False):
     from course_lib.torch.delta import delta_rule_attention
 
-    _recurrent_inputs(case, t)
+    _recurrent_inputs(case, t, channels)
     options = {"chunk_size": None} if loop else ({"chunk_size": case.chunk} if case.chunk else {})
     if gated:
         options["log_decay"] = t["log_decay"]
     leaves = [*_qkv(t), t["beta"], *([t["log_decay"]] if gated else [])]
     return (lambda: delta_rule_attention(t["q"], t["k"], t["v"], t["beta"], **options)), leaves
+
+
+def _build_delta_product(case, t, n_householder=2):
+    from course_lib.torch.delta import delta_product_attention
+
+    _recurrent_inputs(case, t)
+    steps = (case.b, case.h, case.n * n_householder)  # n_h keys, values and strengths a token, token-major
+    t["k"] = torch.nn.functional.normalize(torch.randn(*steps, case.d, generator=t["gen"]), dim=-1).to(t["q"])
+    t["v"] = torch.randn(*steps, case.d, generator=t["gen"]).to(t["q"])
+    t["beta"] = torch.sigmoid(torch.randn(steps, generator=t["gen"])).to(t["q"])
+    options = {"chunk_size": case.chunk} if case.chunk else {}
+    leaves = [*_qkv(t), t["beta"], t["log_decay"]]
+    return (lambda: delta_product_attention(t["q"], t["k"], t["v"], t["beta"], n_householder=n_householder,
+                                            log_decay=t["log_decay"], **options)), leaves
 
 
 def _build_gla(case, t, channels=False, loop=False):
@@ -285,6 +299,14 @@ def _build_peer_gated_delta(case, t):
     q, k, v, g, beta = (x.transpose(1, 2).contiguous() for x in (t["q"], t["k"], t["v"], t["log_decay"], t["beta"]))
     # Its output (b, n, h, e) is handed back as (b, h, n, e), a view, like every other variant's.
     return (lambda: peer.naive_chunk_gated_delta_rule(q, k, v, g, beta, chunk_size=PEER_CHUNK)[0].transpose(1, 2)), \
+        [q, k, v, g, beta]
+
+
+def _build_peer_kda(case, t):
+    peer = load_peer("fla_kda_naive")
+    _recurrent_inputs(case, t, channels=True)
+    q, k, v, g, beta = (x.transpose(1, 2).contiguous() for x in (t["q"], t["k"], t["v"], t["log_decay"], t["beta"]))
+    return (lambda: peer.naive_chunk_kda(q, k, v, g, beta, chunk_size=PEER_CHUNK)[0].transpose(1, 2)), \
         [q, k, v, g, beta]
 
 
@@ -337,6 +359,15 @@ VARIANTS = {
                                 about="the gated delta rule's token loop"),
     "gla_loop": Variant(lambda case, t: _build_gla(case, t, loop=True), gated_loop_flops,
                         about="gated_linear_attention(chunk_size=None): the token loop"),
+    "kda": Variant(lambda case, t: _build_delta(case, t, gated=True, channels=True), delta_flops, ("chunk",),
+                   "delta_rule_attention(log_decay=(..., n, d)) by default: Kimi Delta Attention, chunked, "
+                   "sub-chunks inside"),
+    "kda_loop": Variant(lambda case, t: _build_delta(case, t, gated=True, loop=True, channels=True), loop_flops,
+                        about="Kimi Delta Attention's token loop"),
+    "delta_product": Variant(_build_delta_product, delta_flops, ("chunk",), "delta_product_attention, n_h = 2, a "
+                             "decay per head: the chunked delta rule over 2n steps"),
+    "fla_kda": Variant(_build_peer_kda, peer_delta_flops, about="the peer: flash-linear-attention 0.6.0's "
+                       "naive_chunk_kda (pure PyTorch, chunk 64), tools/peer_env.py"),
     "fla_delta": Variant(_build_peer_delta, peer_delta_flops, about="the peer: flash-linear-attention 0.6.0's "
                          "delta_rule_chunkwise (pure PyTorch, chunk 64), tools/peer_env.py"),
     "fla_gated_delta": Variant(_build_peer_gated_delta, peer_delta_flops, about="the peer: flash-linear-attention "
@@ -344,6 +375,8 @@ VARIANTS = {
 }
 RECURRENT = ("delta", "gated_delta", "gla", "gla_channel", "delta_loop", "gated_delta_loop", "gla_loop", "fla_delta",
              "fla_gated_delta")
+# Lessons 12-13's later recurrences (Kimi Delta Attention, DeltaProduct): the same default chunk, not in the stored grid
+LATER_RECURRENT = ("kda", "kda_loop", "delta_product", "fla_kda")
 
 
 # --- the grid ---------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
-"""The delta rule, with and without a gate, in PyTorch: the port of ``course_lib.numpy.delta``.
+"""The delta rule, with and without a gate, and DeltaProduct, in PyTorch: the port of ``course_lib.numpy.delta``.
 
-Implements notebooks 11 and 12; Yang et al. 2024 (arXiv 2406.06484) and 2025 (arXiv 2412.06464).
-S_t = a_t (I - β_t k_t k_tᵀ) S_{t-1} + β_t k_t v_tᵀ, o_t = S_tᵀ q_t; the state is ``(..., d, e)``
-(keys × values).  Same names and signatures as the NumPy tree; any device, autograd.
+Implements notebooks 11-13; Yang et al. 2024 (arXiv 2406.06484) and 2025 (arXiv 2412.06464), Kimi
+Delta Attention (arXiv 2510.26692), DeltaProduct (arXiv 2502.10297).
+S_t = (I - β_t k_t k_tᵀ) Diag(a_t) S_{t-1} + β_t k_t v_tᵀ, o_t = S_tᵀ q_t, β_t in [0, 2]; the state
+is ``(..., d, e)`` (keys × values).  Same names and signatures as the NumPy tree; any device, autograd.
 float16/bfloat16 inputs are computed in float32 (the triangular solve included: it loses accuracy
 in low precision with large chunks) and the output cast back.
 
@@ -12,6 +13,7 @@ chunks in a Python loop, three small products per chunk.  Shapes inside: leading
 into L, ``g`` chunks of ``c`` positions.
 """
 
+import math
 import warnings
 
 import torch
@@ -34,8 +36,13 @@ def _warn_key_norms(k, beta):
     if not k.numel():
         return
     largest = (beta * (k * k).sum(-1)).max().item()
-    if largest > 2 * (1 + 1e-6):  # the slack: a unit key with β = 1 rounds to 1 ± ulp
+    if largest > 2 * (1 + 1e-6):  # the slack: a unit key with β = 2 rounds to 2 ± ulp
         warnings.warn(_validate.key_norm_warning(largest), RuntimeWarning, stacklevel=3)
+
+
+def _per_channel(log_decay, k):
+    """``log_decay (..., c)`` → ``(..., c, 1)`` (it then broadcasts over the channels); ``(..., c, d)`` as it is."""
+    return log_decay if log_decay.dim() == k.dim() else log_decay[..., None]
 
 
 def _loop(q, k, v, beta, log_decay, state):
@@ -43,29 +50,91 @@ def _loop(q, k, v, beta, log_decay, state):
     outs = []
     for t in range(q.shape[-2]):
         if log_decay is not None:
-            state = torch.exp(log_decay[..., t, None, None]) * state  # a_t S_{t-1}
+            state = torch.exp(_per_channel(log_decay, k)[..., t, :, None]) * state  # Diag(a_t) S_{t-1}
         stored = torch.einsum("...d,...de->...e", k[..., t, :], state)  # what k_t reads now (..., e)
         state = state + beta[..., t, None, None] * k[..., t, :, None] * (v[..., t, None, :] - stored[..., None, :])
         outs.append(torch.einsum("...d,...de->...e", q[..., t, :], state))  # S_tᵀ q_t
     return torch.stack(outs, dim=-2), state  # (..., n, e), (..., d, e)
 
 
+def decayed_products(x, k, G, sub=None):
+    """Σ_d x_id k_jd exp(G_id − G_jd) for j ≤ i, 0 above: a decay per channel, by sub-chunks. Notebook 12.
+
+    Sub-chunk I against an earlier one J: the exponent G_i − G_j split at I's first position r and J's
+    last position l into G_i − G_r, G_r − G_l and G_l − G_j, each ≤ 0 (G never rises), so no factor
+    overflows and one product gives the block (Yang et al. 2024, arXiv 2312.06635, §4.2); a factor that
+    underflows to 0 stands for a product even smaller.  Inside a sub-chunk: the (s, s, d) differences,
+    masked before exp.  Work and memory per position and channel ∝ s + c/s instead of c: least at
+    s ≈ √c, the default.
+
+    Args:
+        x: ``(..., c, d)``, its leading dims broadcasting against k's (q and k stacked: one pass for both).
+        k: ``(..., c, d)``; G: ``(..., c, d)``, the cumulative log decay inside the chunk.
+        sub: positions per sub-chunk (None: the power of two nearest below √c).
+
+    Returns:
+        ``(..., c, c)``, lower triangular.
+    """
+    c, d = k.shape[-2:]
+    s = min(sub or 2 ** (math.isqrt(c).bit_length() - 1), c)
+    m, pad = -(-c // s), -c % s  # m sub-chunks of s, the last padded by zero keys and a constant G
+    x, k = (torch.nn.functional.pad(a, [0, 0, 0, pad]) for a in (x, k))
+    G = torch.cat([G, G[..., -1:, :].expand(*G.shape[:-2], pad, d)], dim=-2)
+    xs, ks, Gs = (a.reshape(*a.shape[:-2], m, s, d) for a in (x, k, G))  # (..., m, s, d)
+    blocks = xs.new_zeros(*torch.broadcast_shapes(xs.shape[:-3], ks.shape[:-3]), m, m, s, s)
+    later, earlier = torch.tril_indices(m, m, -1, device=k.device)  # every pair of sub-chunks I > J
+    first, last = Gs[..., :1, :], Gs[..., -1:, :]  # (..., m, 1, d): G at each sub-chunk's first and last position
+    x_in = (xs * torch.exp(Gs - first))[..., later, :, :]  # (..., p, s, d): x_i decayed from I's first position
+    between = torch.exp(first[..., later, :, :] - last[..., earlier, :, :])  # (..., p, 1, d): from J's end to I's start
+    k_in = (ks * torch.exp(last - Gs))[..., earlier, :, :] * between  # (..., p, s, d): k_j decayed to I's start
+    blocks[..., later, earlier, :, :] = x_in @ k_in.transpose(-1, -2)  # (..., p, s, s); every exponent above ≤ 0
+    pair = torch.ones(s, s, dtype=torch.bool, device=k.device).tril()[:, :, None]  # (s, s, 1): j ≤ i
+    within = torch.exp((Gs[..., :, None, :] - Gs[..., None, :, :]).masked_fill(~pair, float("-inf")))  # (..,m,s,s,d)
+    diagonal = torch.einsum("...mijd,...mid->...mij", within * ks[..., None, :, :], xs)  # (..., m, s, s)
+    blocks[..., range(m), range(m), :, :] = diagonal
+    blocks = blocks.transpose(-3, -2)  # (..., m, s, m, s): rows (I, i), columns (J, j)
+    return blocks.reshape(*blocks.shape[:-4], m * s, m * s)[..., :c, :c]  # (..., c, c)
+
+
 def ut_transform(k, beta, log_decay=None):
     """T = (I + tril(Diag(β) (Γ ⊙ K Kᵀ), -1))⁻¹ Diag(β) for each chunk. Notebook 12, Eq. (12.6).
 
     Args:
-        k: ``(..., c, d)``; beta: ``(..., c)``; log_decay: ``(..., c)`` or None.
+        k: ``(..., c, d)``; beta: ``(..., c)``; log_decay: ``(..., c)``, ``(..., c, d)`` or None.
 
     Returns:
         ``T (..., c, c)``, lower triangular: one triangular solve, no pivoting.
     """
     c = k.shape[-2]
     eye = torch.eye(c, dtype=k.dtype, device=k.device)
-    gram = k @ k.transpose(-1, -2)  # (..., c, c)
-    if log_decay is not None:
-        gram = gram * masked_decay(torch.cumsum(log_decay, dim=-1))
+    if log_decay is None:
+        gram = k @ k.transpose(-1, -2)  # (..., c, c)
+    elif log_decay.dim() == k.dim():
+        gram = decayed_products(k, k, torch.cumsum(log_decay, dim=-2))
+    else:
+        gram = k @ k.transpose(-1, -2) * masked_decay(torch.cumsum(log_decay, dim=-1))
     lower = eye + (beta[..., :, None] * gram).tril(-1)  # (..., c, c), ones on the diagonal
     return torch.linalg.solve_triangular(lower, torch.diag_embed(beta), upper=False, unitriangular=True)
+
+
+def _gated_chunk_terms(qc, kc, log_decay, k, chunk_size):
+    """A decayed chunk's c × c scores and gram, and its decayed q and k. Notebook 12, Eqs. (12.6)-(12.7).
+
+    ``qc, kc (L, g, c, d)``; ``log_decay (..., n)`` or ``(..., n, d)``.  Every exponent is ≤ 0: masked
+    differences inside a chunk, and G or G_last − G, where G (L, g, c, d|1) is the cumulative log decay.
+    """
+    n, d = k.shape[-2:]
+    channels = log_decay.dim() == k.dim()
+    G = torch.cumsum(chunk(_per_channel(log_decay, k).reshape(-1, n, d if channels else 1), chunk_size), dim=2)
+    if channels:  # padding has log decay 0, a = 1, and zero keys
+        scores, gram = decayed_products(torch.stack([qc, kc]), kc, G).unbind(0)  # (L, g, c, c), j <= i
+    else:
+        causal = masked_decay(G[..., 0])  # (L, g, c, c): exp(G_i − G_j), j <= i
+        scores, gram = (qc @ kc.transpose(-1, -2)) * causal, (kc @ kc.transpose(-1, -2)) * causal
+    last = G[:, :, -1:]  # (L, g, 1, d|1): each chunk's total log decay
+    q_from_start, k_from_start = qc * torch.exp(G), kc * torch.exp(G)  # (L, g, c, d): decayed since the chunk began
+    k_to_end = kc * torch.exp(last - G)  # (L, g, c, d): decayed from its position to the chunk's end
+    return scores, gram, q_from_start, k_from_start, k_to_end, torch.exp(last).transpose(-1, -2)  # (L, g, d|1, 1)
 
 
 def _chunked(q, k, v, beta, log_decay, state, chunk_size):
@@ -75,35 +144,27 @@ def _chunked(q, k, v, beta, log_decay, state, chunk_size):
     qc, kc, vc = (chunk(x.reshape(-1, n, x.shape[-1]), chunk_size) for x in (q, k, v))  # (L, g, c, d|e)
     bc = chunk(beta.reshape(-1, n), chunk_size)  # (L, g, c); padding has β = 0: it writes nothing
     c = chunk_size
-    causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-    scores = (qc @ kc.transpose(-1, -2)).masked_fill(~causal, 0.0)  # (L, g, c, c), j <= i
-    gram = kc @ kc.transpose(-1, -2)  # (L, g, c, c)
-    if log_decay is not None:
-        G = torch.cumsum(chunk(log_decay.reshape(-1, n), chunk_size), dim=2)  # (L, g, c)
-        scores = scores * masked_decay(G)
-        gram = gram * masked_decay(G, inclusive=False)
-        rhs = torch.cat([kc * torch.exp(G)[..., None], vc], dim=-1)  # (L, g, c, d + e): Diag(γ) K beside V
+    if log_decay is None:
+        causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+        scores, gram = (qc @ kc.transpose(-1, -2)).masked_fill(~causal, 0.0), kc @ kc.transpose(-1, -2)  # (L, g, c, c)
+        q_decayed, k_decayed, k_to_end, decays = qc, kc, kc, [None] * qc.shape[1]
     else:
-        rhs = torch.cat([kc, vc], dim=-1)
+        scores, gram, q_decayed, k_decayed, k_to_end, chunk_decay = _gated_chunk_terms(qc, kc, log_decay, k, c)
+        decays = chunk_decay.unbind(1)
     lower = (bc[..., :, None] * gram).tril(-1) + torch.eye(c, dtype=q.dtype, device=q.device)  # (L, g, c, c)
-    # T [γK, V] = L⁻¹ Diag(β) [γK, V]: one solve for W and U together, Eq. (12.6)
+    # T [ΓK, V] = L⁻¹ Diag(β) [ΓK, V]: one solve for W and U together, Eq. (12.6)
+    rhs = torch.cat([k_decayed, vc], dim=-1)  # (L, g, c, d + e)
     wu = torch.linalg.solve_triangular(lower, bc[..., None] * rhs, upper=False, unitriangular=True)
     w, u = wu[..., :d], wu[..., d:]  # (L, g, c, d), (L, g, c, e)
-    if log_decay is not None:
-        q_decayed, last = qc * torch.exp(G)[..., None], G[..., -1:]  # (L, g, c, d), (L, g, 1)
-        k_to_end, chunk_decay = kc * torch.exp(last - G)[..., None], torch.exp(last)[..., None]  # ≤ 1 both
-    else:
-        q_decayed, k_to_end, chunk_decay = qc, kc, None
     outs = []
     state = state.reshape(-1, d, e)  # (L, d, e)
     # unbind, not [:, g]: the backward of one unbind stacks the chunks' gradients once, while each
     # [:, g] would write its gradient into a zero tensor of the whole sequence (quadratic in n)
-    decays = [None] * qc.shape[1] if chunk_decay is None else chunk_decay.unbind(1)
     for u_g, w_g, q_g, s_g, k_g, a_g in zip(u.unbind(1), w.unbind(1), q_decayed.unbind(1), scores.unbind(1),
                                             k_to_end.unbind(1), decays, strict=True):
         written = torch.baddbmm(u_g, w_g, state, alpha=-1)  # (L, c, e): Ũ = U − W S, what this chunk writes
         outs.append(torch.baddbmm(s_g @ written, q_g, state))  # (L, c, e): Q S + tril(Q Kᵀ) Ũ
-        state = state if a_g is None else a_g * state
+        state = state if a_g is None else a_g * state  # Diag(a) S, a the chunk's total decay per key channel
         state = torch.baddbmm(state, k_g.transpose(-1, -2), written)  # (L, d, e): S + Kᵀ Ũ
     out = torch.stack(outs, dim=1).reshape(-1, qc.shape[1] * c, e)[:, :n]  # (L, n, e)
     return out.reshape(*lead, n, e), state.reshape(*lead, d, e)
@@ -113,13 +174,16 @@ def delta_rule_attention(q, k, v, beta, *, log_decay=None, chunk_size=DEFAULT_CH
                          return_state=False):
     """The (gated) delta rule. Notebook 11, Eq. (11.5); notebook 12, Eqs. (12.4)-(12.7); Yang et al. 2024, §3.
 
-    S_t = a_t (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ, o_t = S_tᵀ q_t; DeltaNet when
-    ``log_decay`` is None, Gated DeltaNet otherwise.  Keys should be L2-normalised: a warning is
-    raised where β‖k‖² > 2, since the update's eigenvalue 1 − β‖k‖² then leaves [−1, 1].
+    S_t = (I − β_t k_t k_tᵀ) Diag(a_t) S_{t−1} + β_t k_t v_tᵀ, o_t = S_tᵀ q_t: DeltaNet when
+    ``log_decay`` is None, Gated DeltaNet with one decay per head, Kimi Delta Attention (Kimi Team
+    2025, arXiv 2510.26692) with one per key channel.  β in [0, 2]: above 1 the update reflects
+    (negative eigenvalues; Grazzi et al. 2025).  Keys should be L2-normalised: a warning is raised
+    where β‖k‖² > 2, since the update's eigenvalue 1 − β‖k‖² then leaves [−1, 1].
 
     Args:
-        q, k: ``(..., n, d)``; v: ``(..., n, e)``; beta: ``(..., n)`` in [0, 1].
-        log_decay: ``(..., n)``, ≤ 0 (one decay per head and token), or None.
+        q, k: ``(..., n, d)``; v: ``(..., n, e)``; beta: ``(..., n)`` in [0, 2].
+        log_decay: ``(..., n)`` (one decay per head and token) or ``(..., n, d)`` (one per key channel),
+            ≤ 0, or None.
         chunk_size: positions per chunk (need not divide n), or None for the token loop (the reference).
         initial_state: ``(..., d, e)`` to continue a sequence (None: zeros).
         return_state: also return the final state ``(..., d, e)`` (float32 for half-precision inputs).
@@ -128,11 +192,12 @@ def delta_rule_attention(q, k, v, beta, *, log_decay=None, chunk_size=DEFAULT_CH
         ``o (..., n, e)`` in the dtype of ``v``, or ``(o, state)``.
     """
     dtype = v.dtype
-    q, k, v, log_decay, state, channels = _prepare(q, k, v, log_decay, initial_state, chunk_size)
-    _validate.check_decay_per_head(channels, k)
+    q, k, v, log_decay, state, _ = _prepare(q, k, v, log_decay, initial_state, chunk_size)
     beta = _prepare_beta(beta, k, k.dtype)
     _warn_key_norms(k, beta)
-    if chunk_size is None:
+    if q.shape[-2] == 0:  # no tokens: an empty output, and the state as it came in (as the NumPy loop returns)
+        out, state = v, state.clone()
+    elif chunk_size is None:
         out, state = _loop(q, k, v, beta, log_decay, state)
     else:
         out, state = _chunked(q, k, v, beta, log_decay, state, chunk_size)
@@ -143,14 +208,98 @@ def delta_rule_step(q_t, k_t, v_t, beta_t, state, *, log_decay_t=None):
     """One token of the (gated) delta rule. Notebook 11, Eq. (11.5).
 
     Args:
-        q_t, k_t: ``(..., d)``; v_t: ``(..., e)``; beta_t: ``(...)`` in [0, 1]; log_decay_t: ``(...)`` ≤ 0, or None.
+        q_t, k_t: ``(..., d)``; v_t: ``(..., e)``; beta_t: ``(...)`` in [0, 2].
         state: ``(..., d, e)`` from the previous step, or None (zeros).  Never mutated.
+        log_decay_t: ``(...)`` (per head) or ``(..., d)`` (per key channel), ≤ 0, or None.
 
     Returns:
         ``(o_t (..., e), state (..., d, e))``.
     """
     _check_tensors(("beta_t",), (beta_t,))
-    log_decay = None if log_decay_t is None else log_decay_t[..., None]
-    out, state = delta_rule_attention(*_as_sequence(q_t, k_t, v_t), beta_t[..., None], log_decay=log_decay,
-                                      chunk_size=None, initial_state=state, return_state=True)
+    out, state = delta_rule_attention(*_as_sequence(q_t, k_t, v_t), beta_t[..., None],
+                                      log_decay=_one_position(log_decay_t, k_t), chunk_size=None,
+                                      initial_state=state, return_state=True)
+    return out[..., 0, :], state
+
+
+def _one_position(log_decay_t, k_t):
+    """A step's decay as a sequence of one token: ``(...)`` → ``(..., 1)``, ``(..., d)`` → ``(..., 1, d)``."""
+    if log_decay_t is None:
+        return None
+    _check_tensors(("log_decay_t",), (log_decay_t,))
+    return log_decay_t[..., None, :] if log_decay_t.dim() == k_t.dim() else log_decay_t[..., None]
+
+
+# --- DeltaProduct: n_h delta-rule steps a token (notebook 13) ----------------------------------
+
+def _householder_steps(q, log_decay, n_householder):
+    """q and the decay spread over each token's n_h steps: q at the last step, the decay at the first, zeros between.
+
+    ``q (..., n, d)`` → ``(..., n·n_h, d)``; ``log_decay (..., n)`` or ``(..., n, d)`` → ``(..., n·n_h[, d])``.
+    """
+    n, d = q.shape[-2:]
+    before = q.new_zeros(*q.shape[:-1], n_householder - 1, d)  # (..., n, n_h - 1, d)
+    q_steps = torch.cat([before, q[..., None, :]], dim=-2).reshape(*q.shape[:-2], n * n_householder, d)
+    if log_decay is None:
+        return q_steps, None
+    _check_tensors(("log_decay",), (log_decay,))
+    if _validate.per_channel(log_decay, q):  # (..., n, d) → (..., n, n_h, d): log 1 = 0 after the first step
+        after = log_decay.new_zeros(*log_decay.shape[:-1], n_householder - 1, d)
+        steps = torch.cat([log_decay[..., None, :], after], dim=-2)
+        return q_steps, steps.reshape(*log_decay.shape[:-2], n * n_householder, d)
+    after = log_decay.new_zeros(*log_decay.shape, n_householder - 1)  # (..., n, n_h - 1)
+    steps = torch.cat([log_decay[..., None], after], dim=-1)  # (..., n, n_h)
+    return q_steps, steps.reshape(*log_decay.shape[:-1], n * n_householder)
+
+
+def delta_product_attention(q, k, v, beta, *, n_householder, log_decay=None, chunk_size=DEFAULT_CHUNK_SIZE,
+                            initial_state=None, return_state=False):
+    """DeltaProduct: n_h delta-rule steps a token. Notebook 13; Siems et al. 2025, arXiv 2502.10297, Eq. (3).
+
+    For token t: S ← Diag(a_t) S, then S ← (I − β_{t,j} k_{t,j} k_{t,j}ᵀ) S + β_{t,j} k_{t,j} v_{t,j}ᵀ for
+    j = 1 … n_h, and o_t = Sᵀ q_t after the last step: the transition is a product of n_h generalised
+    Householder matrices.  Computed as the delta rule over the n·n_h steps, token-major as
+    flash-linear-attention lays them out, with the decay on each token's first step (zero log decay on
+    the others) and q on its last (zero queries elsewhere read outputs nobody keeps): every n_h-th
+    output is o_t.  Exact, and the chunked delta rule's speed at n·n_h positions.
+
+    Args:
+        q: ``(..., n, d)``; k: ``(..., n·n_h, d)``; v: ``(..., n·n_h, e)``; beta: ``(..., n·n_h)`` in [0, 2].
+        n_householder: n_h, the steps a token (1: the delta rule).
+        log_decay: ``(..., n)`` (per head) or ``(..., n, d)`` (per key channel), ≤ 0, once a token; or None.
+        chunk_size: steps per chunk, or None for the token loop.  initial_state, return_state: as
+            :func:`delta_rule_attention`.
+
+    Returns:
+        ``o (..., n, e)`` in the dtype of ``v``, or ``(o, state (..., d, e))``.
+    """
+    _check_tensors(("q", "k", "v"), (q, k, v))
+    _check_tensors(("beta",), (beta,))
+    _validate.check_householder(n_householder, q, k, v, beta, isinstance(n_householder, int))
+    q_steps, decay_steps = _householder_steps(q, log_decay, n_householder)
+    out, state = delta_rule_attention(q_steps, k, v, beta, log_decay=decay_steps, chunk_size=chunk_size,
+                                      initial_state=initial_state, return_state=True)
+    out = out[..., n_householder - 1::n_householder, :]  # (..., n, e): the output after each token's last step
+    return (out, state) if return_state else out
+
+
+def delta_product_step(q_t, k_t, v_t, beta_t, state, *, log_decay_t=None):
+    """One token of DeltaProduct: a decay, then n_h delta-rule steps. Notebook 13; Siems et al. 2025.
+
+    Args:
+        q_t: ``(..., d)``; k_t: ``(..., n_h, d)``; v_t: ``(..., n_h, e)``; beta_t: ``(..., n_h)`` in [0, 2].
+        state: ``(..., d, e)`` from the previous step, or None (zeros).  Never mutated.
+        log_decay_t: ``(...)`` (per head) or ``(..., d)`` (per key channel), ≤ 0, or None.
+
+    Returns:
+        ``(o_t (..., e), state (..., d, e))``.
+    """
+    (q,) = _as_sequence(q_t)  # (..., 1, d)
+    _check_tensors(("k_t",), (k_t,))
+    if k_t.dim() < 2:
+        raise ValueError(f"k_t must have shape (..., n_householder, d), one key per step, got {tuple(k_t.shape)}.")
+    n_householder = k_t.shape[-2]
+    out, state = delta_product_attention(q, k_t, v_t, beta_t, n_householder=n_householder,
+                                         log_decay=_one_position(log_decay_t, q_t), chunk_size=None,
+                                         initial_state=state, return_state=True)
     return out[..., 0, :], state
