@@ -261,6 +261,7 @@ def test_nbytes_per_sequence(layers):
     h, d = HEADS, D_MODEL // HEADS
     recurrent = (h * d * d + 3 * 3 * D_MODEL) * 4  # S and the convolution's last 3 inputs of q, k, v, float32
     per_layer = {name: recurrent for name in MIXERS} | {"softmax": 2 * N * D_MODEL * 4}  # keys and values
+    per_layer["deltaproduct"] = (h * d * d + 3 * 5 * D_MODEL) * 4  # the same S; q and 2 keys, 2 values convolved
     assert cache.nbytes() == sum(per_layer[name] for name in layers)
     model.step(_tokens(n=1)[:, 0], cache)
     growth = 2 * D_MODEL * 4 * layers.count("softmax")  # one more key and value per softmax layer
@@ -299,9 +300,26 @@ def test_training_through_forward_with_padding():
         assert parameter.grad is not None and torch.isfinite(parameter.grad).all(), name
 
 
+SPECS = [("deltanet", {"negative_eigenvalues": True}), ("deltaproduct", {"n_householder": 3, "gated": "channel"}),
+         "softmax"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_layer_specs_with_options(dtype):
+    # (name, options) pairs reach the mixer: beta in (0, 2), three reflections a token with a decay per channel
+    model = _model(SPECS, dtype)
+    mixers = [block.mixer for block in model.blocks]
+    assert mixers[0].negative_eigenvalues and mixers[1].n_householder == 3 and mixers[1].gated == "channel"
+    _check_prefill_then_steps(model, _tokens(), 5, TOLERANCES[dtype])
+
+
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match=r"layers must be a non-empty sequence of mixer names .*unknown: \['mamba'\]"):
         HybridLM(VOCAB, layers=["softmax", "mamba"])
+    with pytest.raises(ValueError, match=r"unknown: \[\('mamba', \{\}\)\]"):
+        HybridLM(VOCAB, layers=[("mamba", {})])
+    with pytest.raises(TypeError, match="negative_eigenvalue"):
+        HybridLM(VOCAB, layers=[("deltanet", {"negative_eigenvalue": True})])  # a misspelt option
     with pytest.raises(ValueError, match="layers must be a non-empty sequence"):
         HybridLM(VOCAB, layers="softmax")
     with pytest.raises(ValueError, match="head dim d_model / n_heads must be even"):

@@ -7,22 +7,28 @@ import pytest
 import torch
 from torch import nn
 
-from course_lib.torch.delta import delta_rule_attention
+from course_lib.torch.delta import delta_product_attention, delta_rule_attention
 from course_lib.torch.full import merge_heads, split_heads
 from course_lib.torch.gated import DEFAULT_CHUNK_SIZE, gated_linear_attention
-from course_lib.torch.modules import DeltaNet, GatedLinearAttention
+from course_lib.torch.modules import DeltaNet, DeltaProduct, GatedLinearAttention
 from tests.conftest import requires_cuda
 
 D_MODEL, HEADS = 16, 2
 N = DEFAULT_CHUNK_SIZE + 13  # two chunks at the default size, the second ragged
-KINDS = ["gla-none", "gla-fixed", "gla-head", "gla-channel", "deltanet", "gated-deltanet"]
+KINDS = ["gla-none", "gla-fixed", "gla-head", "gla-channel", "deltanet", "gated-deltanet", "kda",
+         "deltanet-negative", "deltaproduct", "gated-deltaproduct"]
+DELTA_OPTIONS = {"deltanet": {}, "gated-deltanet": {"gated": True}, "kda": {"gated": "channel"},
+                 "deltanet-negative": {"negative_eigenvalues": True}}
 
 
 def _make(kind, seed=0, **options):
     torch.manual_seed(seed)
     if kind.startswith("gla"):
         return GatedLinearAttention(D_MODEL, HEADS, decay=kind.split("-")[1], **options)
-    return DeltaNet(D_MODEL, HEADS, gated=kind == "gated-deltanet", **options)
+    if kind.endswith("deltaproduct"):  # two reflections a token; the gated one with a decay per channel
+        return DeltaProduct(D_MODEL, HEADS, n_householder=2, gated="channel" if kind.startswith("gated") else False,
+                            **options)
+    return DeltaNet(D_MODEL, HEADS, **DELTA_OPTIONS[kind], **options)
 
 
 def _causal_conv_silu(x, weight):
@@ -54,7 +60,7 @@ def test_chunked_equals_the_token_loop(kind, chunk_size):
     torch.testing.assert_close(chunked, module(x), rtol=1e-5, atol=1e-6)  # float32, different summation orders
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", [kind for kind in KINDS if "deltaproduct" not in kind])  # its own test below
 def test_the_recurrence_inside_is_the_library_function(kind):
     # the module written out: projections, short convolutions, L2-normalised heads, the recurrence, norm, W_o
     module, x = _make(kind, dtype=torch.float64), _inputs(dtype=torch.float64)
@@ -75,9 +81,12 @@ def test_the_recurrence_inside_is_the_library_function(kind):
         heads = gated_linear_attention(q, k, v, log_decay, chunk_size=None)
     else:
         beta = torch.sigmoid(module.b_proj(x)).transpose(1, 2)  # (b, h, n)
+        beta = 2 * beta if kind == "deltanet-negative" else beta  # β in (0, 2)
         log_decay = None
         if module.gated:
-            log_decay = (-torch.exp(module.A_log) * nn.functional.softplus(module.a_proj(x))).transpose(1, 2)
+            rate = -torch.exp(module.A_log) * nn.functional.softplus(module.a_proj(x))  # (b, n, h | d_model)
+            log_decay = rate.transpose(1, 2) if module.gated == "head" else split_heads(rate, HEADS)
+        assert tuple(log_decay.shape)[3:] == ((D_MODEL // HEADS,) if kind == "kda" else ()) if module.gated else True
         heads = delta_rule_attention(q, k, v, beta, log_decay=log_decay, chunk_size=None)
     expected = module.out_proj(merge_heads(module.norm(heads)))
     torch.testing.assert_close(module(x), expected, rtol=1e-10, atol=1e-10)
@@ -155,16 +164,19 @@ def test_a_pad_in_the_middle_writes_nothing_despite_the_convolution(kind, bias, 
 
     spy("gated_linear_attention", gated_linear_attention)
     spy("delta_rule_attention", delta_rule_attention)
+    spy("delta_product_attention", delta_product_attention)
     module, x = _make(kind, bias=bias), _inputs(b=1, n=23)
     key_mask = torch.ones(1, 23, dtype=torch.bool)
     key_mask[:, 7] = False
     module(x, key_mask=key_mask)
-    assert (seen["k"][:, :, 7] == 0).all() and (seen["k"][:, :, 8].abs().sum() > 0)
+    steps = getattr(module, "n_householder", 1)  # a token's keys, one after another
+    pad, after = slice(7 * steps, 8 * steps), slice(8 * steps, 9 * steps)
+    assert (seen["k"][:, :, pad] == 0).all() and (seen["k"][:, :, after].abs().sum() > 0)
     log_decay = seen["args"][0] if kind.startswith("gla") else seen["options"]["log_decay"]
     if log_decay is not None:
         assert (log_decay[:, :, 7] == 0).all()  # no forgetting at a pad
     if not kind.startswith("gla"):
-        assert (seen["args"][0][:, :, 7] == 0).all()  # β = 0
+        assert (seen["args"][0][:, :, pad] == 0).all()  # β = 0
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -241,7 +253,7 @@ def test_prefill_then_steps_equals_forward(kind, conv_size):
         out_t, state = module.step(x[:, t], state)
         outs.append(out_t[:, None])
     torch.testing.assert_close(torch.cat(outs, dim=1), module(x), rtol=1e-10, atol=1e-10)
-    assert state.conv.shape == (2, max(conv_size - 1, 0), 3 * D_MODEL)
+    assert state.conv.shape == (2, max(conv_size - 1, 0), module.channels)
     assert state.S.shape == (2, HEADS, D_MODEL // HEADS, D_MODEL // HEADS)
 
 
@@ -307,3 +319,35 @@ def test_cuda_module_matches_cpu(kind):
     torch.testing.assert_close(cuda(x.cuda()).cpu(), expected, rtol=1e-10, atol=1e-10)
     made_there = _make(kind, device="cuda")
     assert all(p.is_cuda for p in made_there.parameters())
+
+
+@pytest.mark.parametrize("gated", [False, "head", "channel"])
+def test_deltaproduct_is_the_delta_product_of_its_projections(gated):
+    # DeltaProduct written out: n_h keys, values and β a token from widened projections, token-major,
+    # each key L2-normalised, β = 2 sigmoid, one decay a token; the library's delta_product_attention.
+    torch.manual_seed(0)
+    n_h, d = 3, D_MODEL // HEADS
+    module = DeltaProduct(D_MODEL, HEADS, n_householder=n_h, gated=gated, dtype=torch.float64)
+    x = _inputs(dtype=torch.float64)
+    b, n = x.shape[:2]
+    weight = module.conv.conv.weight  # (7 d_model, 1, size): q, then n_h keys, then n_h values
+    q, k, v = (_causal_conv_silu(p(x), w) for p, w in zip(
+        (module.q_proj, module.k_proj, module.v_proj), weight.split([D_MODEL, n_h * D_MODEL, n_h * D_MODEL]),
+        strict=True))
+    q = nn.functional.normalize(split_heads(q, HEADS), dim=-1) / d**0.5  # (b, h, n, d)
+    k, v = (t.reshape(b, n, n_h, HEADS, d).permute(0, 3, 1, 2, 4).reshape(b, HEADS, n * n_h, d) for t in (k, v))
+    k = nn.functional.normalize(k, dim=-1)  # (b, h, n n_h, d)
+    beta = 2 * torch.sigmoid(module.b_proj(x)).reshape(b, n, n_h, HEADS).permute(0, 3, 1, 2).reshape(b, HEADS, -1)
+    log_decay = module.log_decay(x)
+    assert log_decay is None if not gated else log_decay.shape[:3] == (b, HEADS, n)
+    heads = delta_product_attention(q, k, v, beta, n_householder=n_h, log_decay=log_decay, chunk_size=None)
+    expected = module.out_proj(merge_heads(module.norm(heads)))
+    torch.testing.assert_close(module(x), expected, rtol=1e-10, atol=1e-10)
+    assert (beta > 1).any() and module.state_size() == HEADS * d * d  # reflections reachable; the state keeps its size
+
+
+def test_bad_mixer_options_raise():
+    with pytest.raises(ValueError, match="gated must be"):
+        DeltaNet(D_MODEL, HEADS, gated="token")
+    with pytest.raises(ValueError, match="n_householder must be a positive int"):
+        DeltaProduct(D_MODEL, HEADS, n_householder=0)

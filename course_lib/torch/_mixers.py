@@ -12,7 +12,10 @@ scale.  Names follow ``course_lib.torch.modules``: ``q_proj, k_proj, v_proj, out
 ``forward(x, *, key_mask=None)``.  Shapes: ``x (b, n, d_model)``, heads ``(b, h, n, d)``.
 
     GatedLinearAttention(d_model, n_heads, *, decay="head", ...)   decay: "none" | "fixed" | "head" | "channel"
-    DeltaNet(d_model, n_heads, *, gated=False, ...)                Gated DeltaNet with gated=True
+    DeltaNet(d_model, n_heads, *, gated=False, ...)                Gated DeltaNet with gated=True ("head"),
+                                                                   Kimi Delta Attention with gated="channel";
+                                                                   negative_eigenvalues=True: β in (0, 2)
+    DeltaProduct(d_model, n_heads, *, n_householder=2, ...)        n_h delta-rule steps a token (notebook 13)
 
 Notebook 14 makes them generate.  A layer's state is ``MixerState(conv, S)``: the short convolution's
 last ``conv_size − 1`` inputs ``(b, conv_size − 1, 3·d_model)`` (q, k, v side by side) and the matrix
@@ -30,7 +33,7 @@ import torch
 from torch import nn
 
 from course_lib import _validate
-from course_lib.torch.delta import delta_rule_attention, delta_rule_step
+from course_lib.torch.delta import delta_product_attention, delta_product_step, delta_rule_attention, delta_rule_step
 from course_lib.torch.full import merge_heads, split_heads
 from course_lib.torch.gated import DEFAULT_CHUNK_SIZE, gated_linear_attention, gated_linear_attention_step
 
@@ -40,7 +43,8 @@ DECAYS = ("none", "fixed", "head", "channel")
 class MixerState(NamedTuple):
     """What a recurrent layer carries from one token to the next. Notebook 14.
 
-    conv: the short convolution's last ``conv_size − 1`` real inputs ``(b, conv_size − 1, 3·d_model)``.
+    conv: the short convolution's last ``conv_size − 1`` real inputs ``(b, conv_size − 1, channels)``, q, k and
+        v side by side (3·d_model channels; (1 + 2 n_h)·d_model for ``DeltaProduct``).
     S: the recurrent matrix ``(b, h, d, e)`` (keys × values).
     """
 
@@ -92,21 +96,24 @@ class _RecurrentMixer(nn.Module):
     """
 
     def __init__(self, d_model, n_heads, *, conv_size=4, chunk_size=DEFAULT_CHUNK_SIZE, norm_eps=1e-5, bias=False,
-                 device=None, dtype=None):
+                 device=None, dtype=None, keys_per_token=1):
         super().__init__()
         _validate.check_heads(d_model, n_heads)
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
-        self.chunk_size, self.conv_size = chunk_size, conv_size
-        for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
-            setattr(self, name, nn.Linear(d_model, d_model, bias=bias, device=device, dtype=dtype))
-        # one depthwise convolution over q, k and v side by side: three per-channel filters in one call
-        self.conv = ShortConvolution(3 * d_model, conv_size, device=device, dtype=dtype) if conv_size else None
+        self.chunk_size, self.conv_size, self.keys_per_token = chunk_size, conv_size, keys_per_token
+        widths = {"q_proj": d_model, "k_proj": keys_per_token * d_model, "v_proj": keys_per_token * d_model,
+                  "out_proj": d_model}  # out_proj maps d_model to d_model too
+        for name, width in widths.items():
+            setattr(self, name, nn.Linear(d_model, width, bias=bias, device=device, dtype=dtype))
+        # one depthwise convolution over q, k and v side by side: their per-channel filters in one call
+        self.channels = (1 + 2 * keys_per_token) * d_model
+        self.conv = ShortConvolution(self.channels, conv_size, device=device, dtype=dtype) if conv_size else None
         self.norm = nn.RMSNorm(self.head_dim, eps=norm_eps, device=device, dtype=dtype)  # per head
 
     def empty_state(self, batch_size):
         """The state before any token: a ``MixerState`` of zeros, in the parameters' dtype and device."""
         weight = self.q_proj.weight
-        conv = weight.new_zeros(batch_size, max(self.conv_size - 1, 0), 3 * self.d_model)  # (b, size − 1, 3 d_model)
+        conv = weight.new_zeros(batch_size, max(self.conv_size - 1, 0), self.channels)  # (b, size − 1, channels)
         return MixerState(conv, weight.new_zeros(batch_size, self.n_heads, self.head_dim, self.head_dim))
 
     def forward(self, x, *, key_mask=None):
@@ -145,8 +152,7 @@ class _RecurrentMixer(nn.Module):
         """
         x = x_t[:, None]  # (b, 1, d_model): a sequence of one
         q, k, v, conv = self._heads(x, state.conv, None)  # (b, h, 1, d)
-        gates = [None if g is None else g[:, :, 0] for g in self.gates(x, None)]  # (b, h[, d]): one position
-        out, S = self.recur_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], gates, state.S)  # (b, h, e), (b, h, d, e)
+        out, S = self.recur_step(*self._one_token(q, k, v, self.gates(x, None)), state.S)  # (b, h, e), (b, h, d, e)
         return self.out_proj(self.norm(out).flatten(1)), MixerState(conv, S)  # (b, d_model)
 
     def _heads(self, x, conv, key_mask):
@@ -154,15 +160,26 @@ class _RecurrentMixer(nn.Module):
         qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)  # (b, n, 3 d_model)
         if self.conv is not None:
             qkv, conv = self.conv.with_state(qkv, conv, key_mask)
-        q, k, v = qkv.split(self.d_model, dim=-1)  # (b, n, d_model) each
+        c = self.keys_per_token
+        q, k, v = qkv.split([self.d_model, c * self.d_model, c * self.d_model], dim=-1)  # (b, n, [c] d_model)
         if self.conv is None:
             q, k = nn.functional.silu(q), nn.functional.silu(k)
-        q, k, v = (split_heads(t, self.n_heads) for t in (q, k, v))  # (b, h, n, d)
+        q, k, v = split_heads(q, self.n_heads), self._token_major(k), self._token_major(v)  # (b, h, n [c], d)
         q = nn.functional.normalize(q, dim=-1) / math.sqrt(self.head_dim)
-        k = nn.functional.normalize(k, dim=-1)  # ‖k‖ = 1: the delta rule's eigenvalue 1 - β stays in [0, 1]
-        if key_mask is not None:  # a pad's q, k, v hold its bias or earlier tokens: its zero key writes nothing
-            k = k.masked_fill(~key_mask[:, None, :, None], 0.0)
+        k = nn.functional.normalize(k, dim=-1)  # ‖k‖ = 1: the delta rule's eigenvalue 1 - β‖k‖² stays in [1 - β, 1]
+        if key_mask is not None:  # a pad's q, k, v hold its bias or earlier tokens: its zero keys write nothing
+            k = k.masked_fill(~key_mask.repeat_interleave(c, dim=1)[:, None, :, None], 0.0)
         return q, k, v, conv
+
+    def _one_token(self, q, k, v, gates):
+        """A sequence of one token's inputs as the one-token step takes them: position 0 of each, ``(b, h[, d])``."""
+        return q[:, :, 0], k[:, :, 0], v[:, :, 0], [None if g is None else g[:, :, 0] for g in gates]
+
+    def _token_major(self, x):
+        """``(b, n, c·d_model)`` → ``(b, h, n·c, d)``: a token's c keys (or values) one after another."""
+        b, n = x.shape[:2]
+        x = x.reshape(b, n, self.keys_per_token, self.n_heads, self.head_dim)  # (b, n, c, h, d)
+        return x.permute(0, 3, 1, 2, 4).reshape(b, self.n_heads, n * self.keys_per_token, self.head_dim)
 
     def state_size(self):
         """Numbers in the recurrent state per sequence: h heads of d × d (keys × values)."""
@@ -239,38 +256,73 @@ class GatedLinearAttention(_RecurrentMixer):
 
 
 class DeltaNet(_RecurrentMixer):
-    """S_t = a_t (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ, o_t = S_tᵀ q_t. Notebook 11, Eq. (11.5).
+    """S_t = (I − β_t k_t k_tᵀ) Diag(a_t) S_{t−1} + β_t k_t v_tᵀ, o_t = S_tᵀ q_t. Notebook 11, Eq. (11.5).
 
-    β_t = sigmoid(x w_β + b_β) per head and token; with ``gated=True`` (Gated DeltaNet) log a_t =
-    −exp(A)·softplus(x w_a + b_a) per head, as in ``GatedLinearAttention(decay="head")``.
+    β_t = sigmoid(x w_β + b_β) per head and token, in (0, 1); with ``negative_eigenvalues=True``
+    β_t = 2·sigmoid(·), in (0, 2), so the transition's eigenvalue 1 − β_t along k_t reaches −1 (a
+    reflection at β = 2: notebook 13; Grazzi et al. 2025).  The decay a_t:
+
+    - ``gated=False``: none, a_t = 1 (DeltaNet);
+    - ``gated=True`` or ``"head"``: one per head and token (Gated DeltaNet), log a_t =
+      −exp(A)·softplus(x w_a + b_a), as in ``GatedLinearAttention(decay="head")``;
+    - ``gated="channel"``: one per key channel (Kimi Delta Attention, Kimi Linear 2025), log a_t =
+      −exp(A)·softplus(W_up W_down x + b), a low-rank (rank d) projection to every key channel.
+      Kimi Linear also gates the output, o ← RMSNorm(o) ⊙ sigmoid(W_g x); the course's mixers share one
+      back end (the per-head norm), so a comparison is about the state's rule alone, and leave it out.
 
     Args:
         d_model, n_heads: width and heads.
-        gated: add the decay a_t (Gated DeltaNet); False is DeltaNet (a_t = 1).
+        gated: False, True / ``"head"`` or ``"channel"`` (above).
+        negative_eigenvalues: β in (0, 2) instead of (0, 1).
         conv_size, chunk_size, norm_eps, bias, device, dtype: as for ``GatedLinearAttention``.
     """
 
-    def __init__(self, d_model, n_heads, *, gated=False, conv_size=4, chunk_size=DEFAULT_CHUNK_SIZE, norm_eps=1e-5,
-                 bias=False, device=None, dtype=None):
+    def __init__(self, d_model, n_heads, *, gated=False, negative_eigenvalues=False, conv_size=4,
+                 chunk_size=DEFAULT_CHUNK_SIZE, norm_eps=1e-5, bias=False, device=None, dtype=None, keys_per_token=1):
         super().__init__(d_model, n_heads, conv_size=conv_size, chunk_size=chunk_size, norm_eps=norm_eps, bias=bias,
-                         device=device, dtype=dtype)
-        self.gated = gated
-        self.b_proj = nn.Linear(d_model, n_heads, bias=True, device=device, dtype=dtype)
-        if gated:
-            self.a_proj = nn.Linear(d_model, n_heads, bias=True, device=device, dtype=dtype)
-            self.A_log = nn.Parameter(torch.zeros(n_heads, device=device, dtype=dtype))
+                         device=device, dtype=dtype, keys_per_token=keys_per_token)
+        if gated not in (False, True, "head", "channel"):
+            raise ValueError(f"gated must be False, True, 'head' or 'channel'; got {gated!r}.")
+        self.gated = "head" if gated is True else gated
+        self.negative_eigenvalues = bool(negative_eigenvalues)
+        self.b_proj = nn.Linear(d_model, keys_per_token * n_heads, bias=True, device=device, dtype=dtype)
+        if self.gated:
+            width = n_heads if self.gated == "head" else d_model
+            if self.gated == "head":
+                self.a_proj = nn.Linear(d_model, width, bias=True, device=device, dtype=dtype)
+            else:  # Kimi Delta Attention: a low-rank projection to the d_model key channels
+                self.a_proj = nn.Sequential(nn.Linear(d_model, self.head_dim, bias=False, device=device, dtype=dtype),
+                                            nn.Linear(self.head_dim, width, bias=True, device=device, dtype=dtype))
+            # A and the bias start Mamba-2's way: decays spread between about e^-0.001 and e^-0.1 per token
+            self.A_log = nn.Parameter(torch.zeros(width, device=device, dtype=dtype))
+            bias_of = self.a_proj if self.gated == "head" else self.a_proj[1]
             with torch.no_grad():
-                self.a_proj.bias.copy_(torch.log(torch.expm1(torch.logspace(-3, -1, n_heads, dtype=torch.float64))))
+                bias_of.bias.copy_(torch.log(torch.expm1(torch.logspace(-3, -1, width, dtype=torch.float64))))
+
+    def log_decay(self, x):
+        """log a_t: ``(b, h, n)`` per head, ``(b, h, n, d)`` per channel, or None (``gated=False``)."""
+        if not self.gated:
+            return None
+        rate = -torch.exp(self.A_log) * nn.functional.softplus(self.a_proj(x))  # (b, n, h | d_model), ≤ 0
+        return rate.transpose(1, 2) if self.gated == "head" else split_heads(rate, self.n_heads)
+
+    def beta(self, x):
+        """β_t ``(b, h, n·c)`` for the c keys of each token, in (0, 1), or (0, 2) with negative eigenvalues."""
+        b, n = x.shape[:2]
+        beta = torch.sigmoid(self.b_proj(x))  # (b, n, c h)
+        if self.negative_eigenvalues:
+            beta = 2 * beta
+        c = self.keys_per_token
+        return beta.reshape(b, n, c, self.n_heads).permute(0, 3, 1, 2).reshape(b, self.n_heads, n * c)  # (b, h, n c)
 
     def gates(self, x, key_mask):
-        """``(beta, log_decay)``: β_t ``(b, h, n)`` in (0, 1), log a_t ``(b, h, n)`` or None; β = 0, a = 1 at pads."""
-        beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)  # (b, h, n)
-        log_decay = None
-        if self.gated:
-            log_decay = (-torch.exp(self.A_log) * nn.functional.softplus(self.a_proj(x))).transpose(1, 2)  # (b, h, n)
+        """``(beta, log_decay)``: β ``(b, h, n·c)``, log a ``(b, h, n[, d])`` or None; β = 0, a = 1 at pads."""
+        beta, log_decay = self.beta(x), self.log_decay(x)
         if key_mask is not None:  # a padded position neither writes nor forgets
-            beta = beta.masked_fill(~key_mask[:, None, :], 0.0)
-            log_decay = None if log_decay is None else log_decay.masked_fill(~key_mask[:, None, :], 0.0)
+            beta = beta.masked_fill(~key_mask.repeat_interleave(self.keys_per_token, dim=1)[:, None, :], 0.0)
+            if log_decay is not None:
+                mask = key_mask[:, None, :] if log_decay.dim() == 3 else key_mask[:, None, :, None]
+                log_decay = log_decay.masked_fill(~mask, 0.0)
         return beta, log_decay
 
     def recur(self, q, k, v, gates, S):
@@ -283,4 +335,47 @@ class DeltaNet(_RecurrentMixer):
         return delta_rule_step(q_t, k_t, v_t, beta_t, S, log_decay_t=log_decay_t)
 
     def extra_repr(self):
-        return super().extra_repr() + f", gated={self.gated}"
+        return super().extra_repr() + f", gated={self.gated!r}, negative_eigenvalues={self.negative_eigenvalues}"
+
+
+class DeltaProduct(DeltaNet):
+    """n_h delta-rule steps a token: S ← Diag(a_t) S, then S ← (I − β k kᵀ) S + β k vᵀ for each of the token's
+    n_h keys; o_t = S_tᵀ q_t after the last. Notebook 13; Siems et al. 2025 (DeltaProduct).
+
+    A product of n_h reflections (β = 2) is a rotation or a permutation of the key space, which one
+    reflection a token cannot be: counting mod 3 needs n_h = 2, S3 needs 2 (notebook 13).  The front
+    end projects n_h keys, values and β a token (k and v projections n_h times as wide), each key
+    L2-normalised; one decay a token (per head, or per channel with ``gated="channel"``).
+
+    Args:
+        d_model, n_heads: width and heads.
+        n_householder: n_h, the delta-rule steps a token.
+        gated, negative_eigenvalues: as for ``DeltaNet``; negative eigenvalues are on by default here.
+        conv_size, chunk_size, norm_eps, bias, device, dtype: as for ``GatedLinearAttention``.
+    """
+
+    def __init__(self, d_model, n_heads, *, n_householder=2, gated=False, negative_eigenvalues=True, conv_size=4,
+                 chunk_size=DEFAULT_CHUNK_SIZE, norm_eps=1e-5, bias=False, device=None, dtype=None):
+        if isinstance(n_householder, bool) or not isinstance(n_householder, int) or n_householder < 1:
+            raise ValueError(f"n_householder must be a positive int (delta-rule steps a token), got {n_householder!r}.")
+        super().__init__(d_model, n_heads, gated=gated, negative_eigenvalues=negative_eigenvalues, conv_size=conv_size,
+                         chunk_size=chunk_size, norm_eps=norm_eps, bias=bias, device=device, dtype=dtype,
+                         keys_per_token=n_householder)
+        self.n_householder = n_householder
+
+    def _one_token(self, q, k, v, gates):
+        """One token's inputs for ``delta_product_step``: its n_h keys, values and β ``(b, h, n_h[, d])``."""
+        beta, log_decay = gates
+        return q[:, :, 0], k, v, (beta, None if log_decay is None else log_decay[:, :, 0])
+
+    def recur(self, q, k, v, gates, S):
+        beta, log_decay = gates
+        return delta_product_attention(q, k, v, beta, n_householder=self.n_householder, log_decay=log_decay,
+                                       chunk_size=self.chunk_size, initial_state=S, return_state=True)
+
+    def recur_step(self, q_t, k_t, v_t, gates_t, S):
+        beta_t, log_decay_t = gates_t
+        return delta_product_step(q_t, k_t, v_t, beta_t, S, log_decay_t=log_decay_t)
+
+    def extra_repr(self):
+        return super().extra_repr() + f", n_householder={self.n_householder}"

@@ -38,12 +38,13 @@ import torch
 from torch import nn
 
 from course_lib import _validate
-from course_lib.torch._mixers import DeltaNet, GatedLinearAttention, MixerState  # noqa: F401 (a cache entry)
+from course_lib.torch._mixers import DeltaNet, DeltaProduct, GatedLinearAttention, MixerState  # noqa: F401 (cache)
 from course_lib.torch.full import split_heads
 from course_lib.torch.gated import DEFAULT_CHUNK_SIZE
 
 DECAYS = {"linear": "none", "retnet": "fixed", "gate": "head", "gla": "channel"}  # GatedLinearAttention's
-MIXERS = ("softmax", *DECAYS, "deltanet", "gated_deltanet")
+DELTAS = {"deltanet": False, "gated_deltanet": "head", "kda": "channel"}  # DeltaNet's gated=
+MIXERS = ("softmax", *DECAYS, *DELTAS, "deltaproduct")
 
 
 def _reserve(buffer, needed, dim):
@@ -142,13 +143,29 @@ class SoftmaxAttention(nn.Module):
         return out[:, 0], state
 
 
-def make_mixer(name, d_model, n_heads, conv_size, chunk_size):
-    """The mixer a layer name stands for (``MIXERS``)."""
+def make_mixer(spec, d_model, n_heads, conv_size, chunk_size):
+    """The mixer a layer spec stands for: a name from ``MIXERS``, or ``(name, options)`` for its keywords.
+
+    ``("deltanet", {"negative_eigenvalues": True})`` is DeltaNet with β in (0, 2);
+    ``("deltaproduct", {"n_householder": 3})`` three reflections a token.
+    """
+    name, options = (spec, {}) if isinstance(spec, str) else spec
     if name == "softmax":
-        return SoftmaxAttention(d_model, n_heads)
+        return SoftmaxAttention(d_model, n_heads, **options)
+    shared = dict(conv_size=conv_size, chunk_size=chunk_size, **options)
     if name in DECAYS:
-        return GatedLinearAttention(d_model, n_heads, decay=DECAYS[name], conv_size=conv_size, chunk_size=chunk_size)
-    return DeltaNet(d_model, n_heads, gated=name == "gated_deltanet", conv_size=conv_size, chunk_size=chunk_size)
+        return GatedLinearAttention(d_model, n_heads, decay=DECAYS[name], **shared)
+    if name in DELTAS:
+        return DeltaNet(d_model, n_heads, **{"gated": DELTAS[name], **shared})
+    return DeltaProduct(d_model, n_heads, **shared)
+
+
+def _spec_name(spec):
+    """A layer spec's mixer name: the spec itself, or the first of a ``(name, options dict)`` pair (else None)."""
+    if isinstance(spec, str):
+        return spec
+    is_pair = isinstance(spec, tuple | list) and len(spec) == 2 and isinstance(spec[1], dict)
+    return spec[0] if is_pair else None
 
 
 class Block(nn.Module):
@@ -212,7 +229,10 @@ class HybridLM(nn.Module):
         vocab_size: number of token values.
         layers: mixer names, one per block, from ``MIXERS``: ``"softmax"`` (rotary, cached keys and
             values), ``"linear"``, ``"retnet"``, ``"gate"``, ``"gla"`` (``GatedLinearAttention`` with
-            decay ``"none"``, ``"fixed"``, ``"head"``, ``"channel"``), ``"deltanet"``, ``"gated_deltanet"``.
+            decay ``"none"``, ``"fixed"``, ``"head"``, ``"channel"``), ``"deltanet"``, ``"gated_deltanet"``,
+            ``"kda"`` (``DeltaNet`` with gated ``False``, ``"head"``, ``"channel"``), ``"deltaproduct"``; or a
+            ``(name, options)`` pair whose options go to the mixer:
+            ``("deltanet", {"negative_eigenvalues": True})``.
         d_model, n_heads: width and heads of every layer.
         conv_size, chunk_size: the recurrent layers' short convolution and chunk length.
     """
@@ -220,10 +240,10 @@ class HybridLM(nn.Module):
     def __init__(self, vocab_size, *, layers, d_model=64, n_heads=4, conv_size=4, chunk_size=DEFAULT_CHUNK_SIZE):
         super().__init__()
         names = [layers] if isinstance(layers, str) else list(layers)  # one string: one name, not its letters
-        unknown = [name for name in names if name not in MIXERS]
+        unknown = [spec for spec in names if _spec_name(spec) not in MIXERS]
         if isinstance(layers, str) or unknown or not names:
-            raise ValueError(f"layers must be a non-empty sequence of mixer names from {MIXERS}; got {layers!r} "
-                             f"(unknown: {unknown}).")
+            raise ValueError(f"layers must be a non-empty sequence of mixer names from {MIXERS} (or (name, options) "
+                             f"pairs); got {layers!r} (unknown: {unknown}).")
         self.layers, self.vocab_size, self.chunk_size = tuple(names), vocab_size, chunk_size
         self.embed = nn.Embedding(vocab_size, d_model)
         self.blocks = nn.ModuleList(Block(make_mixer(name, d_model, n_heads, conv_size, chunk_size), d_model)

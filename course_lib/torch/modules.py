@@ -18,7 +18,9 @@ conventions (``course_lib/torch/_attention_module.py``):
 Notebooks 11 and 12 add the recurrent mixers of ``course_lib/torch/_mixers.py`` (causal, chunked by default):
 
     GatedLinearAttention(d_model, n_heads, *, decay="head", conv_size=4, chunk_size=DEFAULT_CHUNK_SIZE, ...)
-    DeltaNet(d_model, n_heads, *, gated=False, conv_size=4, chunk_size=DEFAULT_CHUNK_SIZE, ...)
+    DeltaNet(d_model, n_heads, *, gated=False, negative_eigenvalues=False, conv_size=4, ...)
+        gated: False | True ("head": Gated DeltaNet) | "channel" (Kimi Delta Attention)
+    DeltaProduct(d_model, n_heads, *, n_householder=2, gated=False, negative_eigenvalues=True, ...)  (notebook 13)
 
 and notebook 14 their state, for generation (``MixerState(conv, S)``; ``course_lib.torch.hybrid`` uses them):
 
@@ -35,7 +37,7 @@ from torch import nn
 
 from course_lib.torch import linear, performer
 from course_lib.torch._attention_module import ProjectedAttention
-from course_lib.torch._mixers import DeltaNet, GatedLinearAttention, MixerState  # noqa: F401 (notebooks 11-14)
+from course_lib.torch._mixers import DeltaNet, DeltaProduct, GatedLinearAttention, MixerState  # noqa: F401 (11-14)
 from course_lib.torch.decoding import RecurrentLinearAttention
 from course_lib.torch.linear import DEFAULT_CHUNK_SIZE, elu_feature_map
 from course_lib.torch.linformer import LinformerSelfAttention  # noqa: F401 (one of this file's modules)
