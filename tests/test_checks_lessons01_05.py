@@ -265,24 +265,98 @@ def merge_with_swapped_weights(out_a, lse_a, out_b, lse_b):
     return np.exp(lse_b - lse)[..., None] * out_a + np.exp(lse_a - lse)[..., None] * out_b, lse
 
 
-def spectrum_svd_squared(P):
-    energy = np.linalg.svd(P, compute_uv=False) ** 2  # σ², the energy share
-    return np.cumsum(energy, axis=-1) / energy.sum(axis=-1, keepdims=True)
+def _real(scores, lengths):
+    return np.arange(scores.shape[-1]) < np.asarray(lengths)[..., None]  # (..., n)
 
 
-def spectrum_svd_sorted_ascending(P):
-    sigma = np.sort(np.linalg.svd(P, compute_uv=False), axis=-1)  # np.sort: smallest first
-    return np.cumsum(sigma, axis=-1) / sigma.sum(axis=-1, keepdims=True)
+def padded_by_the_gram_matrix(scores, lengths):
+    """A large negative score instead of −inf; σ from the eigenvalues of P Pᵀ (Eq. 2.3), largest first."""
+    real = _real(scores, lengths)
+    kept = np.where(real[..., None, :], scores, -1e9)
+    weights = np.exp(kept - kept.max(axis=-1, keepdims=True)) * real[..., :, None]  # padded rows: 0
+    total = weights.sum(axis=-1, keepdims=True)
+    P = np.divide(weights, total, out=np.zeros_like(weights), where=total > 0)
+    sigma = np.sqrt(np.clip(np.linalg.eigvalsh(P @ np.swapaxes(P, -1, -2)), 0, None))[..., ::-1]
+    return P, np.cumsum(sigma, axis=-1) / sigma.sum(axis=-1, keepdims=True)
 
 
-def spectrum_svd_not_cumulative(P):
+def padded_in_torch(scores, lengths):
+    torch = pytest.importorskip("torch")
+    scores, real = torch.from_numpy(scores), torch.from_numpy(_real(scores, lengths))
+    P = torch.softmax(scores.masked_fill(~real[..., None, :], float("-inf")), dim=-1)  # padded rows: NaN
+    P = torch.where(real[..., :, None], P, 0.0)
+    sigma = torch.linalg.svdvals(P)
+    return P, sigma.cumsum(-1) / sigma.sum(-1, keepdim=True)
+
+
+def padded_block_by_block(scores, lengths):
+    """Right values, one real block at a time: a loop over the matrices."""
+    P, curves = np.zeros(scores.shape), np.ones(scores.shape[:-1])
+    lengths = np.broadcast_to(lengths, scores.shape[:-2])
+    for index in np.ndindex(scores.shape[:-2]):
+        L = int(lengths[index])
+        block = np.exp(scores[index][:L, :L] - scores[index][:L, :L].max(axis=-1, keepdims=True))
+        P[index][:L, :L] = block / block.sum(axis=-1, keepdims=True)
+        sigma = np.linalg.svd(P[index][:L, :L], compute_uv=False)
+        curves[index][:L] = np.cumsum(sigma) / sigma.sum()
+    return P, curves
+
+
+def _padded_spectrum(P):
     sigma = np.linalg.svd(P, compute_uv=False)
-    return sigma / sigma.sum(axis=-1, keepdims=True)
+    return P, np.cumsum(sigma, axis=-1) / sigma.sum(axis=-1, keepdims=True)
 
 
-def spectrum_svd_over_largest(P):
-    sigma = np.linalg.svd(P, compute_uv=False)
-    return np.cumsum(sigma, axis=-1) / sigma[..., :1]
+def padded_zeroed_after_the_softmax(scores, lengths):
+    real = _real(scores, lengths)
+    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    P = weights / weights.sum(axis=-1, keepdims=True) * real[..., None, :] * real[..., :, None]
+    return _padded_spectrum(P)
+
+
+def padded_lengths_inclusive(scores, lengths):
+    real = np.arange(scores.shape[-1]) <= np.asarray(lengths)[..., None]
+    kept = np.where(real[..., None, :], scores, -np.inf)
+    weights = np.exp(kept - kept.max(axis=-1, keepdims=True))
+    return _padded_spectrum(np.where(real[..., :, None], weights / weights.sum(axis=-1, keepdims=True), 0.0))
+
+
+def padded_query_rows_left(scores, lengths):
+    real = _real(scores, lengths)
+    kept = np.where(real[..., None, :], scores, -np.inf)
+    weights = np.exp(kept - kept.max(axis=-1, keepdims=True))
+    return _padded_spectrum(weights / weights.sum(axis=-1, keepdims=True))
+
+
+def shared_by_the_stacked_svd(P, k):
+    """The heads stacked into one (h·n, s) matrix; its SVD gives the projector and, by Eckart–Young, the error."""
+    stacked = P.reshape(*P.shape[:-3], -1, P.shape[-1])
+    _, sigma, vh = np.linalg.svd(stacked, full_matrices=False)
+    own = np.linalg.svd(P, compute_uv=False)[..., k:] ** 2
+    total = (sigma**2).sum(axis=-1)
+    return (np.swapaxes(vh[..., :k, :], -1, -2) @ vh[..., :k, :], np.sqrt((sigma[..., k:] ** 2).sum(axis=-1) / total),
+            np.sqrt(own.sum(axis=(-2, -1)) / total))
+
+
+def shared_in_torch(P, k):
+    torch = pytest.importorskip("torch")
+    P = torch.from_numpy(P)
+    gram = (P.transpose(-1, -2) @ P).sum(-3)
+    energy, vectors = torch.linalg.eigh(gram)
+    top = vectors.flip(-1)[..., :k]
+    total = (P**2).sum((-3, -2, -1))
+    shared = (total - (top.transpose(-1, -2) @ gram @ top).diagonal(dim1=-2, dim2=-1).sum(-1)).clamp(min=0) / total
+    own = (torch.linalg.svdvals(P)[..., k:] ** 2).sum((-2, -1)) / total
+    return top @ top.transpose(-1, -2), shared.sqrt(), own.sqrt()
+
+
+def shared_from_the_mean_head(P, k):
+    _, _, vh = np.linalg.svd(P.mean(axis=-3), full_matrices=False)  # one (n, s) matrix: the heads averaged
+    projector = np.swapaxes(vh[..., :k, :], -1, -2) @ vh[..., :k, :]
+    total = (P**2).sum(axis=(-3, -2, -1))
+    left = P - P @ projector[..., None, :, :]
+    own = (np.linalg.svd(P, compute_uv=False)[..., k:] ** 2).sum(axis=(-2, -1))
+    return projector, np.sqrt((left**2).sum(axis=(-3, -2, -1)) / total), np.sqrt(own / total)
 
 
 def projection_of_unit_rows(P, k):
@@ -301,13 +375,6 @@ def flops_one_per_multiply_add(b, h, n, s, d, e, k):
     return float(exact), float(b * h * k * s * (d + e) + b * h * n * k * (d + e))
 
 
-def spectrum_by_the_smaller_gram(P):
-    """Eq. (2.3): the square roots of the eigenvalues of the smaller Gram matrix, largest first."""
-    gram = np.swapaxes(P, -1, -2) @ P if P.shape[-2] > P.shape[-1] else P @ np.swapaxes(P, -1, -2)
-    sigma = np.sqrt(np.clip(np.linalg.eigvalsh(gram), 0, None))[..., ::-1]
-    return np.cumsum(sigma, axis=-1) / sigma.sum(axis=-1, keepdims=True)
-
-
 def merge_by_the_larger_lse(out_a, lse_a, out_b, lse_b):
     top = np.maximum(lse_a, lse_b)  # (..., n): subtract before exp
     w_a, w_b = np.exp(lse_a - top), np.exp(lse_b - top)
@@ -320,7 +387,9 @@ def flops_in_integers(b, h, n, s, d, e, k):
 
 
 @pytest.mark.parametrize("number, answer", [
-    ("1.1", attention_divide_where), ("1.3", merge_by_the_larger_lse), ("2.1", spectrum_by_the_smaller_gram),
+    ("1.1", attention_divide_where), ("1.3", merge_by_the_larger_lse),
+    ("2.1", padded_by_the_gram_matrix), ("2.1", padded_in_torch),
+    ("2.3", shared_by_the_stacked_svd), ("2.3", shared_in_torch),
     ("4.3", flops_in_integers),
 ], ids=lambda x: getattr(x, "__name__", x))
 def test_a_right_answer_beside_the_probed_slips_passes(number, answer, capsys):
@@ -334,10 +403,10 @@ def test_a_right_answer_beside_the_probed_slips_passes(number, answer, capsys):
     ("1.1", attention_scaled_by_value_width, "scale-by-value-width"),
     ("1.2", costs_of_one_head_with_every_P, "one-head-flops"),
     ("1.3", merge_with_swapped_weights, "weights-swapped"),
-    ("2.1", spectrum_svd_squared, "gram-squared"),
-    ("2.1", spectrum_svd_sorted_ascending, "gram-ascending"),
-    ("2.1", spectrum_svd_not_cumulative, "not-cumulative"),
-    ("2.1", spectrum_svd_over_largest, "normalised-by-largest"),
+    ("2.1", padded_zeroed_after_the_softmax, "padded-keys-zeroed-after-the-softmax"),
+    ("2.1", padded_lengths_inclusive, "length-off-by-one"),
+    ("2.1", padded_query_rows_left, "padded-queries-kept"),
+    ("2.3", shared_from_the_mean_head, "heads-added-not-stacked"),
     ("4.1", projection_of_unit_rows, "rows-normalised-first"),
     ("4.3", flops_of_one_sequence, "batch-forgotten"),
     ("4.3", flops_one_per_multiply_add, "one-flop-per-multiply-add"),
@@ -352,10 +421,10 @@ def test_a_probed_slip_written_by_hand_gets_its_own_hint(number, answer, mistake
     assert next(m for m in exercise.mistakes if m.name == mistake).hint in out
 
 
-def test_the_svd_route_hints_name_the_svd(capsys):
-    # 2.1 has two right routes, np.linalg.svd and the Gram matrix's eigenvalues: the hints a learner on the
-    # SVD route meets (σ squared, sorted the wrong way) must speak of np.linalg.svd, not of eigenvalues only.
+def test_2_1_a_loop_over_the_matrices_is_named(capsys):
     from course_lib.checks.lesson02 import exercise_2_1
 
-    hints = {m.name: m.hint for m in exercise_2_1.mistakes}
-    assert "np.linalg.svd" in hints["gram-squared"] and "np.linalg.svd" in hints["gram-ascending"]
+    result = exercise_2_1(padded_block_by_block)
+    out = capsys.readouterr().out
+    assert result.status == FAILED and result.mistake == "loops-over-matrices", out
+    assert "for 32 matrices your function ran" in out

@@ -41,30 +41,34 @@ def test_exercise_7_1_rule_holds_across_cells(tmp_path):
     nb = nbformat.read(ROOT / "exercises" / "07_transformers_are_rnns.ipynb", as_version=4)
     stub_index = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code" and "Exercise 7.1:" in c.source)
     helpers = nbformat.v4.new_code_cell(
-        "def run_rnn(q, k, v):\n"
-        "    state, outputs = None, []\n"
+        "def run_rnn(q, k, v, S, Z):\n"
+        "    state, outputs = (S, Z), []\n"
         "    for t in range(q.shape[-2]):\n"
         "        out, state = linear_attention_step(q[..., t, :], k[..., t, :], v[..., t, :], state)\n"
         "        outputs.append(out)\n"
         "    return np.stack(outputs, axis=-2), *state\n\n\n"
-        "def causal_outputs(phi_q, phi_k, v):\n"
+        "def block_part(phi_q, phi_k, v):\n"
         "    weights = np.tril(phi_q @ np.swapaxes(phi_k, -1, -2))\n"
-        "    return weights @ v / (weights.sum(axis=-1, keepdims=True) + 1e-6)\n")
+        "    return weights @ v, weights.sum(axis=-1)\n")
     answers = nbformat.v4.new_code_cell(
-        "from course_lib.numpy.linear import causal_linear_attention\n\n\n"
-        "def prefill(q, k, v):\n"
-        "    return run_rnn(q, k, v)\n\n\n"
-        "def prefill_by_library(q, k, v):\n"
-        "    phi_k = elu_feature_map(k)\n"
-        "    return causal_linear_attention(q, k, v), np.swapaxes(phi_k, -1, -2) @ v, phi_k.sum(axis=-2)\n\n\n"
-        "def prefill_parallel(q, k, v):\n"
-        "    phi_k = elu_feature_map(k)\n"
-        "    return causal_outputs(elu_feature_map(q), phi_k, v), np.swapaxes(phi_k, -1, -2) @ v, phi_k.sum(axis=-2)\n")
+        "from course_lib.numpy.linear import chunked_causal_sums\n\n\n"
+        "def prefill_block(q, k, v, S, Z):\n"
+        "    return run_rnn(q, k, v, S, Z)\n\n\n"
+        "def finish(phi_q, phi_k, v, S, Z, numerator, normaliser):\n"
+        "    normaliser = normaliser + np.einsum('...cf,...f->...c', phi_q, Z)\n"
+        "    return ((numerator + phi_q @ S) / (normaliser[..., None] + 1e-6), S + np.swapaxes(phi_k, -1, -2) @ v,\n"
+        "            Z + phi_k.sum(axis=-2))\n\n\n"
+        "def prefill_by_library(q, k, v, S, Z):\n"
+        "    phi_q, phi_k = elu_feature_map(q), elu_feature_map(k)\n"
+        "    return finish(phi_q, phi_k, v, S, Z, *chunked_causal_sums(phi_q, phi_k, v, q.shape[-2]))\n\n\n"
+        "def prefill_parallel(q, k, v, S, Z):\n"
+        "    phi_q, phi_k = elu_feature_map(q), elu_feature_map(k)\n"
+        "    return finish(phi_q, phi_k, v, S, Z, *block_part(phi_q, phi_k, v))\n")
     checks = nbformat.v4.new_code_cell("exercise_7_1(prefill_by_library)\nexercise_7_1(prefill_parallel)\n")
     nb.cells[stub_index:stub_index + 1] = [helpers, answers]
-    nb.cells.insert(stub_index + 3, checks)  # after the notebook's own check of prefill
+    nb.cells.insert(stub_index + 3, checks)  # after the notebook's own check of prefill_block
     nb.cells = [c for c in nb.cells if "Exercise 7.2:" not in c.source and "exercise_7_2(" not in c.source]
     out = _run(nb, tmp_path)
-    assert "Exercise 7.1: failed" in out and "it loops over the prompt's positions" in out
-    assert "calls causal_linear_attention from course_lib." in out
+    assert "Exercise 7.1: failed" in out and "it loops over the block's positions" in out
+    assert "calls chunked_causal_sums from course_lib." in out
     assert "Exercise 7.1: passed" in out

@@ -2,7 +2,8 @@
 
 import numpy as np
 
-from course_lib.checks import Exercise, Mistake
+from course_lib.checks import Exercise, Mistake, Requirement
+from course_lib.checks._tracing import loop_grows
 from course_lib.numpy import lowrank
 
 
@@ -13,91 +14,118 @@ def _attention_matrix(seed, lead, n, s, sharpness=3.0):
     return weights / weights.sum(axis=-1, keepdims=True)
 
 
-# --- Exercise 2.1: find the bug — a spectrum from eigenvalues ------------------------------
-# The exercise shows a cumulative spectrum built from |eigenvalues| of P, right for symmetric
-# matrices only, and asks for one that is right for every P.  Singular values by SVD or by the
-# square roots of the smaller Gram matrix's eigenvalues (Eq. 2.3) are both right.
+# --- Exercise 2.1: the spectra of padded heads, all at once -----------------------------------
+# Sentences of different lengths are padded to one n. Each head's attention matrix lives on its real
+# tokens only: softmax over the real keys, and no row for a padded query. Zero rows and columns add only
+# zero singular values, so one batched SVD of the masked n × n matrices gives every real block's spectrum,
+# its cumulative curve reaching 1 at the block's length and staying there: no loop over the matrices.
 
-def _cumulative_with(*, values="svd", normalise="total", order="descending", cumulative=True):
-    """Exercise 2.1's function, made with one slip in the values summed, their order or the sums."""
-    def cumulative_spectrum(P):
-        if values == "svd":
-            sigma = np.linalg.svd(P, compute_uv=False)  # (..., r), descending
-        elif values == "eigenvalues":  # the bug of the exercise: |λᵢ(P)|, largest first
-            sigma = -np.sort(-np.abs(np.linalg.eigvals(P)), axis=-1)
-        elif values == "eigvalsh-of-P":  # treats P as symmetric: LAPACK reads one triangle only
-            sigma = -np.sort(-np.abs(np.linalg.eigvalsh(P)), axis=-1)
-        else:  # the Gram route with one slip
-            gram = P @ np.swapaxes(P, -1, -2)  # (..., n, n): the larger one when n > s
-            if values == "gram" and P.shape[-2] > P.shape[-1]:
-                gram = np.swapaxes(P, -1, -2) @ P  # (..., s, s): the smaller Gram matrix
-            eigenvalues = np.linalg.eigvalsh(gram)  # (..., r), ascending
-            sigma = {"gram-squared": eigenvalues[..., ::-1], "gram-ascending": np.sqrt(np.clip(eigenvalues, 0, None)),
-                     "gram-larger-side": np.sqrt(np.clip(eigenvalues, 0, None))[..., ::-1],
-                     "gram": np.sqrt(np.clip(eigenvalues, 0, None))[..., ::-1]}[values]
-        if order == "ascending":
-            sigma = sigma[..., ::-1]
+PAD = 6.0  # the padding's scores: above most real ones (N(0, 2²)), so a padded key left in takes much weight
+
+
+def _padded_scores(seed, lead, n, lengths):
+    """Scores ``(*lead, n, n)`` with N(0, 2²) entries on the real block and ``PAD`` on every padded row or key."""
+    scores = 2.0 * np.random.default_rng(seed).standard_normal((*lead, n, n))
+    lengths = np.asarray(lengths).reshape(lead)
+    real = np.arange(n) < lengths[..., None]  # (*lead, n)
+    return np.where(real[..., :, None] & real[..., None, :], scores, PAD), lengths
+
+
+def _masked_weights(scores, lengths, *, keys="masked", queries="zeroed", extra=0):
+    """P over the real tokens, with one optional slip in the keys or queries it keeps (the defaults: none)."""
+    n = scores.shape[-1]
+    real = np.arange(n) < (np.asarray(lengths)[..., None] + extra)  # (..., n)
+    if keys == "masked":
+        kept = np.where(real[..., None, :], scores, -np.inf)
+        weights = np.exp(kept - kept.max(axis=-1, keepdims=True))
+        weights = weights / weights.sum(axis=-1, keepdims=True)
+    else:  # softmax over every key, the padding's included
+        weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        weights = weights / weights.sum(axis=-1, keepdims=True)
+        if keys == "zeroed-after":  # then the padded keys' columns zeroed: the rows no longer sum to 1
+            weights = np.where(real[..., None, :], weights, 0.0)
+    return np.where(real[..., :, None], weights, 0.0) if queries == "zeroed" else weights
+
+
+def _padded_reference(scores, lengths):
+    """P, then the cumulative spectrum of each real block by the library, one matrix at a time, padded with 1."""
+    P = _masked_weights(scores, lengths)
+    cumulative = np.ones(P.shape[:-1])  # (..., n)
+    for index in np.ndindex(P.shape[:-2]):
+        length = int(np.asarray(lengths)[index])
+        cumulative[index][:length] = lowrank.cumulative_spectrum(P[index][:length, :length])
+    return P, cumulative
+
+
+def _padded_with(*, power=1, normalise=True, cumulative=True, tail=None, **mask):
+    """Exercise 2.1's function in one batched SVD, with one slip (the defaults: none)."""
+    def padded_spectrum(scores, lengths):
+        P = _masked_weights(scores, lengths, **mask)
+        sigma = np.linalg.svd(P, compute_uv=False) ** power  # (..., n): zeros after each real length
         summed = np.cumsum(sigma, axis=-1) if cumulative else sigma
-        if normalise == "total":
-            return summed / sigma.sum(axis=-1, keepdims=True)
-        if normalise == "largest":
-            return summed / sigma.max(axis=-1, keepdims=True)
-        return summed
-    return cumulative_spectrum
+        curve = summed / sigma.sum(axis=-1, keepdims=True) if normalise else summed
+        if tail is not None:  # the curve cut at each length and padded with ``tail``
+            curve = np.where(np.arange(P.shape[-1]) < np.asarray(lengths)[..., None], curve, tail)
+        return P, curve
+    return padded_spectrum
 
 
 MISTAKES_2_1 = (
-    Mistake("eigenvalues", _cumulative_with(values="eigenvalues"),
-            "this is the bug: the eigenvalues of a non-symmetric P are not its singular values (the previous-token "
-            "head has |λ| = 1, 0, …, 0 but σ = √2, 1, 1, 1, 1, 0). Use np.linalg.svd(P, compute_uv=False), or the "
-            "square roots of the eigenvalues of P Pᵀ (Eq. 2.3)."),
-    Mistake("eigvalsh-of-P", _cumulative_with(values="eigvalsh-of-P"),
-            "np.linalg.eigvalsh assumes a symmetric matrix and reads one triangle of P only; an attention matrix is "
-            "not symmetric. Its singular values are the square roots of the eigenvalues of P Pᵀ (Eq. 2.3), or "
-            "np.linalg.svd(P, compute_uv=False)."),
-    Mistake("gram-squared", _cumulative_with(values="gram-squared"),
-            "you summed the squares σᵢ² — the eigenvalues of P Pᵀ, or np.linalg.svd's σ squared (the energy share "
-            "of Eq. 2.6, a different curve) — and Eq. (2.2) sums the σᵢ themselves: take the square roots of the "
-            "eigenvalues (Eq. 2.3), or use np.linalg.svd(P, compute_uv=False) as it comes, unsquared."),
-    Mistake("gram-ascending", _cumulative_with(values="gram-ascending"),
-            "the values are summed smallest first: c_k is the share of the k LARGEST. np.linalg.svd returns σ "
-            "largest first — do not sort it ascending (np.sort) or reverse it — while np.linalg.eigvalsh returns "
-            "eigenvalues in ascending order: reverse those (largest first) before the cumulative sum."),
-    Mistake("gram-larger-side", _cumulative_with(values="gram-larger-side"),
-            "for a tall P (n > s), P Pᵀ is n × n and has n − s zero eigenvalues too many: use Pᵀ P (s × s), the "
-            "smaller Gram matrix, so that you return r = min(n, s) values."),
-    Mistake("not-normalised", _cumulative_with(normalise=None),
-            "the curve must end at 1: divide the cumulative sum by the total σ₁ + … + σᵣ (Eq. 2.2), keeping the "
-            "last axis for broadcasting (sigma.sum(axis=-1, keepdims=True)), whichever way you got the σᵢ."),
-    Mistake("not-cumulative", _cumulative_with(cumulative=False),
-            "each entry is the share of the first k singular values together: take a cumulative sum (np.cumsum) "
-            "along the last axis before dividing, whether the σᵢ came from np.linalg.svd or from P Pᵀ."),
-    Mistake("normalised-by-largest", _cumulative_with(normalise="largest"),
-            "the curve is divided by σ₁, the largest singular value (sigma[..., 0], or np.linalg.norm(P, 2)): "
-            "divide by the total σ₁ + … + σᵣ instead, so that c_r = 1 (Eq. 2.2)."),
+    Mistake("padded-keys-kept", _padded_with(keys="all"),
+            "the softmax ran over every key, the padding's included: a query may only weigh real keys. Set the "
+            "padded keys' scores to −inf (np.where) before the softmax, so each real row sums to 1 over real keys."),
+    Mistake("padded-keys-zeroed-after-the-softmax", _padded_with(keys="zeroed-after"),
+            "the padded keys were zeroed after the softmax, so the real rows no longer sum to 1 (the padding took "
+            "its share first): mask the scores with −inf before the softmax, not the weights after it."),
+    Mistake("padded-queries-kept", _padded_with(queries="kept"),
+            "a padded query is no token: its row of P is 0, not a softmax over the real keys. Its row adds a "
+            "singular value of its own and bends the curve."),
+    Mistake("length-off-by-one", _padded_with(extra=1),
+            "a length L means the tokens 0 … L − 1 are real: np.arange(n) < L, not <= L."),
+    Mistake("energy-not-spectrum", _padded_with(power=2),
+            "you summed σᵢ², the energy share; Eq. (2.2) sums the singular values σᵢ themselves."),
+    Mistake("not-cumulative", _padded_with(cumulative=False),
+            "each entry is the share of the first k singular values together: np.cumsum along the last axis "
+            "before dividing by the total."),
+    Mistake("not-normalised", _padded_with(normalise=False),
+            "the curve must reach 1: divide the cumulative sum by each matrix's total σ₁ + … + σ_L "
+            "(sigma.sum(axis=-1, keepdims=True))."),
+    Mistake("tail-zeros", _padded_with(tail=0.0),
+            "after its length L a head has no more singular values to add: its curve stays at 1 (the first k "
+            "values hold everything for k ≥ L), it does not drop to 0."),
 )
-
-
-def _previous_token_head(seed, n):
-    """A head that attends mostly to the token before (the first token to itself): softmax(6·shift + Z)."""
-    shift = np.eye(n, k=-1)
-    shift[0, 0] = 1.0
-    scores = 6 * shift + np.random.default_rng(seed).standard_normal((n, n))
-    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    return weights / weights.sum(axis=-1, keepdims=True)
 
 
 def _cases_2_1():
     return [
-        ("a previous-token head, n = s = 6", (_previous_token_head(20, 6),), {}),
-        ("P (6, 6)", (_attention_matrix(21, (), 6, 6),), {}),
-        ("P (8, 5), more queries than keys", (_attention_matrix(22, (), 8, 5),), {}),
-        ("batched P (2, 3, 7, 7)", (_attention_matrix(23, (2, 3), 7, 7),), {}),
+        ("one head, n = 6, length 4", (*_padded_scores(21, (), 6, 4),), {}),
+        ("3 heads, n = 8, lengths 8, 5, 1", (*_padded_scores(22, (3,), 8, [8, 5, 1]),), {}),
+        ("batched (2, 3), n = 7, lengths 2 … 7",
+         (*_padded_scores(23, (2, 3), 7, [[7, 2, 5], [3, 6, 4]]),), {}),
     ]
 
 
-exercise_2_1 = Exercise("2.1", "find the bug: a cumulative spectrum that is right for every P",
-                        lowrank.cumulative_spectrum, _cases_2_1, MISTAKES_2_1, names=("cumulative",))
+def _no_loop_over_matrices(candidate):
+    """None when 32 matrices cost the answer as much Python work as 2 do: no loop over the stack."""
+    small = _padded_scores(24, (2,), 8, [8, 5])
+    large = _padded_scores(24, (32,), 8, np.arange(32) % 8 + 1)
+    grows = loop_grows(candidate, small, large)
+    if grows is None:
+        return None
+    return (f"for 32 matrices your function ran {grows[1]} lines and calls of Python code (its own, its helpers' "
+            f"in any cell), for 2 matrices {grows[0]}: it loops over them.")
+
+
+REQUIREMENTS_2_1 = (
+    Requirement("loops-over-matrices", _no_loop_over_matrices,
+                "the values are right, but the Python work grows with the number of matrices: a loop over them "
+                "(each real block on its own). Rows and columns of zeros add only zero singular values: with the "
+                "padding zeroed, one np.linalg.svd of the whole (..., n, n) stack gives every block's spectrum.",
+                _padded_reference),
+)
+
+exercise_2_1 = Exercise("2.1", "the spectra of padded heads, all at once", _padded_reference, _cases_2_1,
+                        MISTAKES_2_1, names=("P", "cumulative"), requirements=REQUIREMENTS_2_1)
 
 
 # --- Exercise 2.2: the rank for a given error, read off the spectrum ------------------------
@@ -168,76 +196,99 @@ exercise_2_2 = Exercise("2.2", "the rank for a given error, read off the spectru
                         _cases_2_2, MISTAKES_2_2, names=("rank",))
 
 
-# --- Exercise 2.3: the output needs at most e directions ----------------------------------
-# Two relative errors of a rank-k output: P_k V (the best copy of P, applied to V) and the best
-# rank-k copy of the output P V itself.  The second is 0 from k = e on, since rank(PV) <= e.
+# --- Exercise 2.3: one projection for every head: the best, and what sharing costs ------------
+# Linformer may share one projection of the keys between the heads of a layer. The best rank-k P_h Π with one
+# projection Π for every head is Eckart–Young for the heads stacked into one (h·n, s) matrix: Π projects on
+# the top k eigenvectors of Σ_h P_hᵀ P_h, and its error is the root of the tail of that matrix's eigenvalues,
+# without forming any P_h Π. Each head with its own best rank-k copy is the lower bound it pays against.
 
-def _output_reference(P, V, k):
-    output = P @ V  # (..., n, e)
-    norm = np.linalg.norm(output, axis=(-2, -1))  # (...)
-    via_p = lowrank.output_truncation_errors(P, V)[..., k - 1] / norm  # Eq. (2.8)
-    rank = min(output.shape[-2:])
-    best = lowrank.truncation_errors(output)[..., k - 1] / norm if k < rank else np.zeros_like(norm)
-    return via_p, best
+def _stacked(P):
+    """``(..., h, n, s)`` → ``(..., h·n, s)``: the heads one above the other."""
+    return P.reshape(*P.shape[:-3], P.shape[-3] * P.shape[-2], P.shape[-1])
 
 
-def _output_with(*, best_from="output", scale="output", keep=lambda k: k, first="output", order="fro",
-                 whole_stack=False):
-    """Exercise 2.3's function, made with one slip in what is truncated, the norm or the scale."""
-    def norm(x):
-        return np.linalg.norm(x) if whole_stack else np.linalg.norm(x, ord=order, axis=(-2, -1))
+def _shared_reference(P, k):
+    stacked = _stacked(P)  # (..., h·n, s)
+    _, _, vh = np.linalg.svd(stacked, full_matrices=False)  # (..., r, s)
+    projector = np.swapaxes(vh[..., :k, :], -1, -2) @ vh[..., :k, :]  # (..., s, s)
+    norm = np.linalg.norm(stacked, axis=(-2, -1))  # (...)
+    shared = lowrank.truncation_error(stacked, k, relative=True) if k < min(stacked.shape[-2:]) else 0 * norm
+    own = np.sqrt((np.linalg.norm(P - lowrank.best_rank_k(P, k), axis=(-2, -1)) ** 2).sum(axis=-1)) / norm
+    return projector, shared, own
 
-    def output_errors(P, V, k):
-        output = P @ V  # (..., n, e)
-        P_k = lowrank.best_rank_k(P, keep(k)) if keep(k) >= 1 else np.zeros_like(P)
-        if best_from == "output":
-            kept = min(keep(k), min(output.shape[-2:]))
-            best_copy = lowrank.best_rank_k(output, kept) if kept >= 1 else np.zeros_like(output)
-        else:  # the copy of P, applied to V, taken for the best output
-            best_copy = P_k @ V
-        via_p = norm(P - P_k) / norm(P) if first == "P" else norm(output - P_k @ V)
-        best = norm(output - best_copy)
-        if scale == "output":
-            return (via_p if first == "P" else via_p / norm(output)), best / norm(output)
-        return via_p, best
-    return output_errors
+
+def _shared_with(*, gram="stacked", power=2, start=1, relative=True, own="pooled"):
+    """Exercise 2.3's function from the Gram matrix, with one slip (the defaults: none)."""
+    def shared_projection(P, k):
+        if gram == "summed-heads":  # the heads added, not stacked: one (n, s) matrix
+            total = P.sum(axis=-3)
+            G = np.swapaxes(total, -1, -2) @ total
+        elif gram == "left":  # the queries' side: Σ_h P_h P_hᵀ, (n, n)
+            G = (P @ np.swapaxes(P, -1, -2)).sum(axis=-3)
+        else:
+            G = (np.swapaxes(P, -1, -2) @ P).sum(axis=-3)  # (..., s, s): Σ_h P_hᵀ P_h
+        eigenvalues, vectors = np.linalg.eigh(G)  # ascending
+        eigenvalues = np.clip(eigenvalues[..., ::-1], 0, None)  # (..., s), largest first
+        top = vectors[..., ::-1][..., :k]  # (..., s, k)
+        projector = top @ np.swapaxes(top, -1, -2)
+        if gram == "mean-of-projectors":
+            _, _, vh = np.linalg.svd(P, full_matrices=False)  # (..., h, r, s): each head's own top k
+            projector = (np.swapaxes(vh[..., :k, :], -1, -2) @ vh[..., :k, :]).mean(axis=-3)
+        total_energy = (P**2).sum(axis=(-3, -2, -1))  # (...): ‖P‖_F² of the stack
+        if gram in ("stacked", "left"):
+            weights = np.sqrt(eigenvalues) ** power  # σᵢ^power of the stacked matrix
+            denominator = weights.sum(axis=-1) if relative else 1.0
+            tail = weights[..., k + start - 1:].sum(axis=-1) / denominator
+            shared = np.sqrt(tail) if power == 2 else tail
+        else:  # the error of the projector made, measured on the stack
+            left = P - P @ projector[..., None, :, :]
+            shared = np.sqrt((left**2).sum(axis=(-3, -2, -1)) / (total_energy if relative else 1.0))
+        sigma = np.linalg.svd(P, compute_uv=False)  # (..., h, r)
+        head_tail = (sigma[..., k:] ** 2).sum(axis=-1)  # (..., h): each head's own best error²
+        if own == "pooled":
+            own_error = np.sqrt(head_tail.sum(axis=-1) / (total_energy if relative else 1.0))
+        else:  # each head's relative error, averaged
+            own_error = np.sqrt(head_tail / (sigma**2).sum(axis=-1)).mean(axis=-1)
+        return projector, shared, own_error
+    return shared_projection
 
 
 MISTAKES_2_3 = (
-    Mistake("best-output-from-P", _output_with(best_from="P"),
-            "the best rank-k output is the truncated SVD of the output PV itself (Eckart–Young for the n × e matrix "
-            "PV): P_k V has rank at most k too, but it is the best copy of P, not of PV."),
-    Mistake("error-of-P", _output_with(first="P"),
-            "the first number is the error of the output, ‖PV − P_k V‖_F / ‖PV‖_F, not Eq. (2.6)'s error of P: "
-            "V weighs the directions of P unequally, so the two differ."),
-    Mistake("absolute", _output_with(scale=None),
-            "both errors are relative: divide by ‖PV‖_F."),
-    Mistake("off-by-one", _output_with(keep=lambda k: k - 1),
-            "a rank-k copy keeps k terms σᵢ uᵢ vᵢᵀ, i = 1 … k (Python's slice :k)."),
-    Mistake("spectral-norm", _output_with(order=2),
-            "use the Frobenius norm, np.linalg.norm(x, axis=(-2, -1)) (the default for one matrix), not ord=2, "
-            "the largest singular value."),
-    Mistake("norm-of-the-stack", _output_with(whole_stack=True),
-            "np.linalg.norm(x) without an axis takes one norm of the whole stack of matrices: pass "
-            "axis=(-2, -1) to get one error per matrix, shape (...)."),
+    Mistake("heads-added-not-stacked", _shared_with(gram="summed-heads"),
+            "the heads were added into one n × s matrix: its best projection serves their sum, not each head. The "
+            "error to make small is Σ_h ‖P_h − P_h Π‖_F², the error of the heads stacked one above the other, "
+            "(h·n, s): its right singular vectors, or the eigenvectors of Σ_h P_hᵀ P_h."),
+    Mistake("queries-side", _shared_with(gram="left"),
+            "the projection acts on the keys, the columns of P (P_h Π, Π of size s × s): build it from "
+            "Σ_h P_hᵀ P_h, not from Σ_h P_h P_hᵀ (the queries' side)."),
+    Mistake("mean-of-the-heads-projections", _shared_with(gram="mean-of-projectors"),
+            "the average of each head's best projection is no projection at all (not of rank k, Π² ≠ Π) and not "
+            "the best shared one: Eckart–Young applied to the stacked heads gives it, the top k eigenvectors of "
+            "Σ_h P_hᵀ P_h."),
+    Mistake("sigmas-not-squared", _shared_with(power=1),
+            "the Frobenius error squares the singular values (Eq. 2.6): √(Σ_{i>k} σᵢ² / Σᵢ σᵢ²) of the stacked "
+            "matrix, i.e. the eigenvalues λᵢ = σᵢ² of Σ_h P_hᵀ P_h summed as they are."),
+    Mistake("tail-from-k", _shared_with(start=0),
+            "a rank-k projection keeps σ₁ … σ_k: the error is the tail after k, Σ_{i>k}, without σ_k itself."),
+    Mistake("not-relative", _shared_with(relative=False),
+            "both errors are relative: divide by ‖P‖_F of the whole stack, √(Σ_h ‖P_h‖_F²)."),
+    Mistake("own-errors-averaged", _shared_with(own="averaged"),
+            "the two errors must be measured alike: the heads' own best errors pooled, √(Σ_h ‖P_h − P_h,k‖_F²) / "
+            "√(Σ_h ‖P_h‖_F²), not the average of each head's relative error."),
 )
-
-
-def _values(seed, lead, s, e):
-    return np.random.default_rng(seed).standard_normal((*lead, s, e))
 
 
 def _cases_2_3():
     return [
-        ("P (8, 8), V (8, 3), k = 2", (_attention_matrix(41, (), 8, 8), _values(51, (), 8, 3), 2), {}),
-        ("P (8, 8), V (8, 3), k = 5 > e", (_attention_matrix(42, (), 8, 8), _values(52, (), 8, 3), 5), {}),
-        ("P (6, 9), V (9, 4), k = 3", (_attention_matrix(43, (), 6, 9), _values(53, (), 9, 4), 3), {}),
-        ("batched P (2, 3, 7, 7), V (2, 3, 7, 2), k = 1",
-         (_attention_matrix(44, (2, 3), 7, 7), _values(54, (2, 3), 7, 2), 1), {}),
+        ("3 heads, P (3, 6, 6), k = 2", (_attention_matrix(41, (3,), 6, 6), 2), {}),
+        ("2 heads, P (2, 8, 5): more queries than keys, k = 3", (_attention_matrix(42, (2,), 8, 5), 3), {}),
+        ("batched (2, 4) heads of (7, 7), k = 1", (_attention_matrix(43, (2, 4), 7, 7), 1), {}),
+        ("4 heads of (6, 9), k = 4", (_attention_matrix(44, (4,), 6, 9, sharpness=2.0), 4), {}),
     ]
 
 
-exercise_2_3 = Exercise("2.3", "the error of a rank-k output: P_k V against the best copy of PV", _output_reference,
-                        _cases_2_3, MISTAKES_2_3, names=("error of P_k V", "error of the best rank-k output"))
+exercise_2_3 = Exercise("2.3", "one projection for every head: the best, and what sharing costs", _shared_reference,
+                        _cases_2_3, MISTAKES_2_3, names=("projector", "shared error", "own error"))
+
 
 EXERCISES = [exercise_2_1, exercise_2_2, exercise_2_3]

@@ -6,6 +6,8 @@ cases pass, the answer runs once more at a size where the forbidden array is lar
 of NumPy's allocations during that call (``tracemalloc``) must stay well below that array's size.
 ``tracemalloc`` does not see torch's allocator, so while torch is loaded every tensor a torch
 operation returns is measured too (a dispatch mode: it sees the products inside ``einsum`` as well).
+6.2's rule is about Python work instead: no loop over the chunks and no call into the library's causal
+forms, traced by ``course_lib.checks._tracing`` as for exercise 7.1.
 """
 
 import sys
@@ -14,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from course_lib.checks import FAILED, CheckResult, Exercise, Mistake
+from course_lib.checks import FAILED, CheckResult, Exercise, Mistake, Requirement
+from course_lib.checks._tracing import calls_forbidden, loop_grows
 from course_lib.numpy import linear
 
 EPS = 1e-6  # the library's default: added to the normaliser (notebook 06)
@@ -239,7 +242,27 @@ exercise_6_1 = _RuleExercise("6.1", "linear attention over padded keys, without 
                              rule_passed=f"At n = s = {KERNEL_PROBE} it allocated far less than an (n, s) kernel.")
 
 
-# --- Exercise 6.2: the chunkwise-parallel form -------------------------------------------
+# --- Exercise 6.2: every chunk at once, its length set by a memory budget ---------------------
+# The chunkwise form holds, beyond q, k, v and the output, one f × e state per chunk (n / c of them) and one
+# masked c × c kernel per chunk (n · c numbers): itemsize · n · (f e / c + c) bytes.  The budget admits an
+# interval of c around √(f e); the largest c in it (the fewest, largest matrix products) solves a quadratic.
+
+def _chunk_size(n, f, e, itemsize, budget_bytes, *, per_byte=True, root=+1, kernels="all", rounding=np.floor,
+                clip=True):
+    """The largest c ≤ n with itemsize · n · (f e / c + c) ≤ budget; the keywords make one slip each."""
+    beta = budget_bytes / ((itemsize if per_byte else 1) * n)  # c² − β c + f e ≤ 0 (all kernels)
+    if kernels == "none":  # memory n f e / c only: it falls as c grows, every c ≥ n f e / β fits
+        c = np.inf
+    elif kernels == "one":  # one c × c kernel: n f e / c + c² ≤ β n, solved by search
+        fits = [c for c in range(1, n + 1) if f * e / c + c * c / n <= beta]
+        c = max(fits) if fits else 0
+    else:
+        disc = beta * beta - 4 * f * e
+        if disc < 0:
+            raise ValueError("no chunk length fits the budget")
+        c = rounding((beta + root * np.sqrt(disc)) / 2)
+    return int(min(c, n)) if clip else int(c)
+
 
 def _chunks(x, chunk_size, drop_last=False):
     """``(..., n, w)`` → ``(..., g, c, w)``: g = ⌈n / c⌉ chunks, the last zero-padded (drop_last: ⌊n / c⌋)."""
@@ -250,15 +273,13 @@ def _chunks(x, chunk_size, drop_last=False):
     return x.reshape(*x.shape[:-2], g, chunk_size, x.shape[-1])
 
 
-def _chunked(*, inclusive=False, diagonal=0, masked=True, within_normaliser=True, drop_last=False,
-             stored_after=False):
-    """Exercise 6.2's function; the keywords make one slip each (the defaults: none).  ``stored_after``: the
-    outputs use the state before each chunk, but the state returned for chunk g is the one after it."""
-    def attention(q, k, v, chunk_size):
+def _chunked(*, inclusive=False, diagonal=0, masked=True, within_normaliser=True, drop_last=False, **budget):
+    """Exercise 6.2's function; the keywords make one slip each (the defaults: none); ``budget``: ``_chunk_size``'s."""
+    def attention(q, k, v, budget_bytes):
         n = q.shape[-2]
-        a, b = _chunks(linear.elu_feature_map(q), chunk_size, drop_last), _chunks(linear.elu_feature_map(k),
-                                                                                   chunk_size, drop_last)
-        w = _chunks(v, chunk_size, drop_last)  # (..., g, c, e)
+        c = _chunk_size(n, q.shape[-1], v.shape[-1], q.dtype.itemsize, budget_bytes, **budget)
+        a, b = _chunks(linear.elu_feature_map(q), c, drop_last), _chunks(linear.elu_feature_map(k), c, drop_last)
+        w = _chunks(v, c, drop_last)  # (..., g, c, e)
         per_chunk = _t(b) @ w  # (..., g, f, e): Σ_j phi(k_j) v_jᵀ within each chunk
         keys = b.sum(axis=-2)  # (..., g, f)
         states, key_states = np.cumsum(per_chunk, axis=-3), np.cumsum(keys, axis=-2)  # up to and including g
@@ -267,36 +288,46 @@ def _chunked(*, inclusive=False, diagonal=0, masked=True, within_normaliser=True
         scores = a @ _t(b)  # (..., g, c, c)
         if masked:
             scores = np.tril(scores, diagonal)
-        within = scores @ w  # (..., g, c, e)
         normaliser = np.einsum("...gif,...gf->...gi", a, key_states)  # (..., g, c)
         if within_normaliser:
             normaliser = normaliser + scores.sum(axis=-1)
-        output = (a @ states + within) / (normaliser[..., None] + EPS)  # (..., g, c, e)
-        length = n if not drop_last else within.shape[-3] * chunk_size
-
-        def positions(x):  # (..., g, c, e) → (..., n, e), the padding dropped
-            return x.reshape(*x.shape[:-3], -1, x.shape[-1])[..., :length, :]
-        if stored_after:  # a loop that adds chunk g's sum, then stores the state for chunk g
-            states = states + per_chunk
-        return states, positions(within), positions(output)
+        output = (a @ states + scores @ w) / (normaliser[..., None] + EPS)  # (..., g, c, e)
+        length = n if not drop_last else output.shape[-3] * c
+        return c, states, output.reshape(*output.shape[:-3], -1, output.shape[-1])[..., :length, :]
     return attention
 
 
-def _chunked_reference(q, k, v, chunk_size):
-    states, within, _ = _chunked()(q, k, v, chunk_size)
-    return states, within, linear.causal_linear_attention(q, k, v, chunk_size=None)  # the output: prefix sums
+def _chunked_reference(q, k, v, budget_bytes):
+    c, states, _ = _chunked()(q, k, v, budget_bytes)
+    return c, states, linear.causal_linear_attention(q, k, v, chunk_size=None)  # the output: prefix sums
 
 
 MISTAKES_6_2 = (
+    Mistake("numbers-not-bytes", _chunked(per_byte=False),
+            "the budget is in bytes and each number takes q.dtype.itemsize of them (8 in float64, 4 in float32): "
+            "n · (f e / c + c) numbers take itemsize times as many bytes. Your chunks overrun the budget."),
+    Mistake("smallest-chunk-that-fits", _chunked(root=-1, rounding=np.ceil),
+            "the budget admits every c between the two roots of c² − β c + f e = 0 (β = budget / (itemsize · n)); "
+            "you took the smallest. Take the largest: the fewest, largest matrix products for the same memory."),
+    Mistake("kernels-not-counted", _chunked(kernels="none"),
+            "the c × c kernels are memory too: with every chunk at once they take n · c numbers, which grows with "
+            "c, while the n / c states shrink. Count both, itemsize · n · (f e / c + c) bytes, and the budget caps "
+            "c from above."),
+    Mistake("one-kernel-counted", _chunked(kernels="one"),
+            "with every chunk at once, all n / c masked kernels exist together: n · c numbers, not one c × c "
+            "kernel's c²."),
+    Mistake("rounded-up", _chunked(rounding=np.ceil),
+            "c is a whole number of positions at most the larger root: round it down (np.floor); rounded up, the "
+            "chunks overrun the budget."),
+    Mistake("chunk-longer-than-the-sequence", _chunked(clip=False),
+            "a chunk never holds more than the n positions there are: a budget that admits c > n gives c = n "
+            "(one chunk)."),
     Mistake("inclusive-states", _chunked(inclusive=True),
-            "the carried state must hold the chunks *before* chunk g only (the first chunk's is zero): with chunk "
-            "g's own keys in it, each position counts its chunk twice and sees the rest of its chunk (Eq. 6.6)."),
-    Mistake("state-stored-after-the-update", _chunked(stored_after=True),
-            "the outputs are right, but states_before[g] holds chunk g's own keys: in a loop over the chunks, store "
-            "the running state for chunk g first and only then add chunk g's sum Σ_j phi(k_j) v_jᵀ (the first "
-            "chunk's state is zero; the last chunk's sum is never stored). With cumsum: np.cumsum(...) − per_chunk."),
+            "the carried state must hold the chunks *before* chunk g only (the first chunk's is zero): a cumulative "
+            "sum over the chunk summaries includes chunk g itself, so subtract it (np.cumsum(...) − per_chunk), or "
+            "each position counts its chunk twice and sees the rest of it (Eq. 6.6)."),
     Mistake("unmasked-chunk", _chunked(masked=False),
-            "inside its chunk, position i may only see j ≤ i: mask the c × c kernel with np.tril before using it "
+            "inside its chunk, position i may only see j ≤ i: mask the c × c kernels with np.tril before using them "
             "(Eq. 6.6). Unmasked, every position reads the rest of its chunk — the future."),
     Mistake("strict-mask", _chunked(diagonal=-1),
             "np.tril(..., -1) drops the diagonal: position i attends to itself (j ≤ i), so keep k = 0."),
@@ -310,83 +341,167 @@ MISTAKES_6_2 = (
 
 
 def _cases_6_2():
-    return [
-        ("n = 10, c = 4, d = e = 4 (the last chunk is short)", (*_case(81, (), 10, 4, 4), 4), {}),
-        ("n = 12, c = 3, d = 4, e = 3", (*_case(82, (), 12, 4, 3), 3), {}),
-        ("n = 6, c = 8 (one chunk: no earlier state)", (*_case(83, (), 6, 3, 3), 8), {}),
-        ("n = 7, c = 1 (every chunk one position)", (*_case(84, (), 7, 3, 2), 1), {}),
-        ("batched (b, h) = (2, 3), n = 16, c = 5, d = e = 4", (*_case(85, (2, 3), 16, 4, 4), 5), {}),
+    return [  # budgets in bytes; the larger root of c² − β c + f e, β = budget / (itemsize · n), in brackets
+        ("n = 80, d = e = 4, 5600 bytes (c = 6 [6.15]: the last chunk is short)", (*_case(81, (), 80, 4, 4), 5600),
+         {}),
+        ("n = 12, d = e = 2, 450 bytes (c = 3 [3.57])", (*_case(82, (), 12, 2, 2), 450), {}),
+        ("n = 6, d = e = 3, 1 MB (one chunk: c = n)", (*_case(83, (), 6, 3, 3), 10**6), {}),
+        ("n = 7, d = e = 1, 121 bytes (c = 1 [1.49]: every chunk one position)", (*_case(84, (), 7, 1, 1), 121), {}),
+        ("batched (b, h) = (2, 3), n = 16, d = e = 4, 1076 bytes (c = 5 [5.49])",
+         (*_case(85, (2, 3), 16, 4, 4), 1076), {}),
+        ("float32, n = 20, d = e = 3, 690 bytes (c = 7 [7.41]: 4 bytes a number)",
+         (*(x.astype(np.float32) for x in _case(86, (), 20, 3, 3)), 690), {}),
     ]
 
 
-exercise_6_2 = Exercise("6.2", "the chunkwise-parallel form of causal linear attention", _chunked_reference,
-                        _cases_6_2, MISTAKES_6_2, names=("states_before", "within", "output"))
+# What Exercise 6.2 asks the learner to write: the library's causal forms and the check's own reference.
+_FORBIDDEN_6_2 = frozenset({"causal_linear_attention", "causal_linear_attention_from_features",
+                            "causal_linear_attention_reference", "chunked_causal_sums"})
+ONE_CHUNK, MANY_CHUNKS = 10**7, 1400  # n = 64, d = e = 1: c = 64 (one chunk) and c = 2 (32 chunks)
 
 
-# --- Exercise 6.3: how much a feature map's weights cancel ------------------------------------
+def _no_library_call_6_2(candidate):
+    return calls_forbidden(candidate, (*_case(87, (), 16, 2, 2), 10**6), _FORBIDDEN_6_2)
 
-def _cancellation(*, map_keys=True, fraction=np.mean, signed=False, abs_after_sum=False, dead=1.0, inverted=False,
-                  negative=np.less):
+
+def _no_chunk_loop(candidate):
+    """None when one chunk and 32 chunks of the same sequence cost the same Python work: no loop over chunks."""
+    q, k, v = _case(88, (), 64, 1, 1)
+    grows = loop_grows(candidate, (q, k, v, ONE_CHUNK), (q, k, v, MANY_CHUNKS))
+    if grows is None:
+        return None
+    return (f"for 32 chunks of 2 positions your function ran {grows[1]} lines and calls of Python code (its own, "
+            f"its helpers' in any cell), for one chunk of 64 {grows[0]}: it loops over the chunks (or searches "
+            "for c one candidate at a time).")
+
+
+def _chunk_loop(q, k, v, budget_bytes):
+    """The right values with a Python loop over the chunks (lesson 06's loop); no helper of this module."""
+    n, f, e = q.shape[-2], q.shape[-1], v.shape[-1]
+    beta = budget_bytes / (q.dtype.itemsize * n)
+    c = int(min(np.floor((beta + np.sqrt(beta * beta - 4 * f * e)) / 2), n))
+    phi_q, phi_k = linear.elu_feature_map(q), linear.elu_feature_map(k)
+    S, z = np.zeros((*q.shape[:-2], f, e)), np.zeros((*q.shape[:-2], f))
+    states, out = [], []
+    for start in range(0, n, c):
+        a, b, w = phi_q[..., start:start + c, :], phi_k[..., start:start + c, :], v[..., start:start + c, :]
+        states.append(S)
+        scores = np.tril(a @ np.swapaxes(b, -1, -2))  # (..., c, c)
+        out.append((a @ S + scores @ w) / (np.einsum("...if,...f->...i", a, z) + scores.sum(-1) + EPS)[..., None])
+        S, z = S + np.swapaxes(b, -1, -2) @ w, z + b.sum(axis=-2)
+    return c, np.stack(states, axis=-3), np.concatenate(out, axis=-2)
+
+
+def _chunked_by_library(q, k, v, budget_bytes):
+    c, states, _ = _chunked()(q, k, v, budget_bytes)
+    return c, states, linear.causal_linear_attention(q, k, v, chunk_size=c)
+
+
+REQUIREMENTS_6_2 = (
+    Requirement("calls-the-library", _no_library_call_6_2,
+                "the values are right, but the outputs come from the library's causal linear attention (or the "
+                "check's reference), the computation this exercise asks you to write: build them from "
+                "elu_feature_map and NumPy.",
+                _chunked_by_library),
+    Requirement("loops-over-chunks", _no_chunk_loop,
+                "the values are right, but Python work grows with the number of chunks: a loop over them (lesson "
+                "06's), in your function or a helper. Do every chunk at once: reshape to (..., g, c, w), the masked "
+                "c × c kernels of all chunks in one product, the states before each chunk by one cumulative sum "
+                "over the chunk summaries; and c from the budget in closed form, not by trying candidates.",
+                _chunk_loop),
+)
+
+exercise_6_2 = Exercise("6.2", "every chunk at once, its length set by a memory budget", _chunked_reference,
+                        _cases_6_2, MISTAKES_6_2, names=("chunk_size", "states_before", "output"),
+                        requirements=REQUIREMENTS_6_2)
+
+
+# --- Exercise 6.3: what cancellation does to the output: the worst case of a small weight error -------
+# Weights that are off by a relative ε each (random features estimate them, float rounds them) move output i by
+# δo_i = Σ_j δ_ij (v_j − o_i) / z_i to first order, so at worst by ε Σ_j |w_ij| |v_j − o_i| / |z_i|, entry by entry:
+# a weighted average's condition number.  It is at most ε max_j |v_j − o_i| / ρ_i, ρ_i = |z_i| / Σ_j |w_ij| the
+# cancellation ratio: weights that cancel amplify every error in them.
+
+def _sensitivity(*, map_keys=True, abs_after_sum=False, inverted=False, dead=1.0, normaliser_moves=True,
+                 absolute=True, through_ratio=False):
     """Exercise 6.3's function; the keywords make one slip each (the defaults: none)."""
-    def report(q, k, feature_map):
-        phi_q = feature_map(q)
-        phi_k = feature_map(k) if map_keys else k
-        kernel = phi_q @ _t(phi_k)  # (..., n, s): the weights w_ij, small sizes only
-        normaliser = kernel.sum(axis=-1)  # (..., n): z_i
-        size = np.abs(normaliser) if abs_after_sum else np.abs(kernel).sum(axis=-1)  # Σ_j |w_ij|
-        top = normaliser if signed else np.abs(normaliser)
+    def report(q, k, v, feature_map, eps):
+        weights = feature_map(q) @ _t(feature_map(k) if map_keys else k)  # (..., n, s): small sizes only
+        normaliser = weights.sum(axis=-1)  # (..., n): z_i
+        size = np.abs(normaliser) if abs_after_sum else np.abs(weights).sum(axis=-1)  # Σ_j |w_ij|
+        live = size > 0  # a row without weights (relu zeroes a query): nothing cancels, nothing moves
         with np.errstate(invalid="ignore", divide="ignore"):
-            ratio = size / top if inverted else top / size
-        if dead is not None:
-            ratio = np.where(size > 0, ratio, dead)  # no weight at all: nothing cancels
-        return normaliser, fraction(negative(kernel, 0)), ratio
+            ratio = size / np.abs(normaliser) if inverted else np.abs(normaliser) / size
+            ratio = np.where(live, ratio, dead) if dead is not None else ratio
+            output = np.where(live[..., None], weights @ v / normaliser[..., None], 0.0)  # (..., n, e)
+            spread = v[..., None, :, :] - output[..., :, None, :] if normaliser_moves else v[..., None, :, :]
+            if through_ratio:  # the bound through ρ: larger than the worst case unless all |v_j − o_i| are equal
+                moved = eps * np.abs(spread).max(axis=-2) / ratio[..., None]
+            elif absolute:
+                moved = eps * np.einsum("...ns,...nse->...ne", np.abs(weights), np.abs(spread))
+                moved = moved / np.abs(normaliser)[..., None]
+            else:
+                moved = eps * np.abs(np.einsum("...ns,...nse->...ne", weights, spread)) / np.abs(normaliser)[..., None]
+            moved = np.where(live[..., None], moved, 0.0)
+        return ratio, moved
     return report
 
 
 MISTAKES_6_3 = (
-    Mistake("counts-not-fractions", _cancellation(fraction=np.sum),
-            "negative_weights is a fraction of the weights (np.mean of the boolean array), not a count."),
-    Mistake("keys-not-mapped", _cancellation(map_keys=False),
+    Mistake("keys-not-mapped", _sensitivity(map_keys=False),
             "the weights used the raw keys: w_ij = phi(q_i)·phi(k_j), with the feature map applied to the keys too."),
-    Mistake("signed-ratio", _cancellation(signed=True),
-            "the ratio came out negative: it is |z_i| / Σ_j |w_ij|, between 0 and 1. The sign of z_i is not the "
-            "damage (flip every weight and the output stays the same); how much the terms cancel is."),
-    Mistake("abs-after-the-sum", _cancellation(abs_after_sum=True),
+    Mistake("abs-after-the-sum", _sensitivity(abs_after_sum=True),
             "every ratio is 1: the denominator took the absolute value after summing, |Σ_j w_ij|. It is "
             "Σ_j |w_ij|, the absolute values summed, which is larger than |z_i| exactly when the terms cancel."),
-    Mistake("inverted-ratio", _cancellation(inverted=True),
+    Mistake("inverted-ratio", _sensitivity(inverted=True),
             "that is the amplification Σ_j |w_ij| / |z_i| (1 or more): the cancellation ratio is its inverse, "
             "|z_i| / Σ_j |w_ij|, between 0 and 1."),
-    Mistake("zero-weights-counted-negative", _cancellation(negative=np.less_equal),
-            "a weight of exactly 0 (relu zeroes many) is not negative: count w_ij < 0, not w_ij <= 0. Zeros add "
-            "nothing to z_i and cancel nothing."),
-    Mistake("ratio-0-for-rows-without-weights", _cancellation(dead=0.0),
+    Mistake("ratio-0-for-rows-without-weights", _sensitivity(dead=0.0),
             "a row whose weights are all zero (relu zeroes a query whose entries are all negative) gets ratio 1, "
-            "not 0: it has no terms that cancel, and 0 would flag it as the worst cancellation of all. Use "
-            "np.divide(..., out=np.ones_like(size), where=size > 0), or np.where(size > 0, ratio, 1.0)."),
-    Mistake("nan-for-rows-without-weights", _cancellation(dead=None),
+            "not 0: it has no terms that cancel. Use np.where(size > 0, ratio, 1.0)."),
+    Mistake("nan-for-rows-without-weights", _sensitivity(dead=None),
             "a row whose weights are all zero (relu zeroes a query whose entries are all negative) gives 0 / 0: "
-            "nothing cancels there, so its ratio is 1 (np.where on Σ_j |w_ij| > 0)."),
+            "nothing cancels there, so its ratio is 1, and with no weight to be wrong its output cannot move (0)."),
+    Mistake("normaliser-held-fixed", _sensitivity(normaliser_moves=False),
+            "the normaliser is a sum of the same weights, so it moves with them: to first order "
+            "δo_i = Σ_j δ_ij (v_j − o_i) / z_i, not Σ_j δ_ij v_j / z_i. Measure each value from the output, "
+            "v_j − o_i."),
+    Mistake("errors-that-cancel", _sensitivity(absolute=False),
+            "every entry is 0: Σ_j w_ij (v_j − o_i) is 0 by the definition of o_i. The worst case picks the sign of "
+            "each error δ_ij against you: sum the absolute values, ε Σ_j |w_ij| |v_j − o_i| / |z_i|."),
+    Mistake("bound-through-the-ratio", _sensitivity(through_ratio=True),
+            "ε max_j |v_j − o_i| / ρ_i bounds the move, but it is not the worst case: the worst error weighs each "
+            "|v_je − o_ie| by its own |w_ij|, ε Σ_j |w_ij| |v_je − o_ie| / |z_i|, entry by entry."),
 )
 
 
-def _relu_case():
-    q, k, _ = _case(69, (), 64, 2, 1)  # d = 2: about a quarter of the queries are all negative
-    return q, k, linear.relu_feature_map
+def _trig_map(seed, d, m=32):
+    """Random Fourier features [cos ωᵀx, sin ωᵀx] / √m: signed, an unbiased estimate of exp(−‖x − y‖²/2)."""
+    omega = np.random.default_rng(seed).standard_normal((m, d))
+
+    def trig(x):
+        projections = x @ omega.T  # (..., n, m)
+        return np.concatenate([np.cos(projections), np.sin(projections)], axis=-1) / np.sqrt(m)
+    return trig
 
 
 def _cases_6_3():
     identity = lambda x: x  # noqa: E731 (the broken map under study)
+    rng = np.random.default_rng(69)
+    relu_q, relu_k = rng.standard_normal((2, 64, 2))  # d = 2: about a quarter of the queries all negative
     return [
-        ("identity map, n = s = 32, d = 4", (*_case(67, (), 32, 4, 1)[:2], identity), {}),
-        ("elu + 1, batched (2, 3), n = s = 12, d = 3", (*_case(68, (2, 3), 12, 3, 1)[:2], linear.elu_feature_map),
-         {}),
-        ("relu, n = s = 64, d = 2 (some queries all negative)", _relu_case(), {}),
+        ("identity map, n = s = 32, d = 4, e = 3, ε = 1e-3", (*_case(67, (), 32, 4, 3), identity, 1e-3), {}),
+        ("elu + 1, batched (2, 3), n = s = 12, d = 3, e = 2, ε = 0.01",
+         (*_case(68, (2, 3), 12, 3, 2), linear.elu_feature_map, 0.01), {}),
+        ("random Fourier (trig) features, n = s = 24, d = 4, m = 32, e = 3, ε = 1e-3",
+         (*_case(70, (), 24, 4, 3), _trig_map(71, 4), 1e-3), {}),
+        ("relu, n = s = 64, d = 2, e = 2 (some queries all negative), ε = 0.01",
+         (relu_q, relu_k, rng.standard_normal((64, 2)), linear.relu_feature_map, 0.01), {}),
     ]
 
 
-exercise_6_3 = Exercise("6.3", "how much a feature map's weights cancel", _cancellation(), _cases_6_3,
-                        MISTAKES_6_3, names=("normaliser", "negative_weights", "cancellation"))
+exercise_6_3 = Exercise("6.3", "what cancellation does to the output", _sensitivity(), _cases_6_3, MISTAKES_6_3,
+                        names=("cancellation", "sensitivity"))
 
 
 # --- Exercise 6.4: the gradients of Eq. (6.5) with one running state -------------------------

@@ -1,13 +1,9 @@
 """Checks for the lesson 07 exercises (transformers are RNNs)."""
 
-import os
-import site
-import sys
-import sysconfig
-
 import numpy as np
 
 from course_lib.checks import Exercise, Mistake, Requirement
+from course_lib.checks._tracing import calls_forbidden, loop_grows
 from course_lib.numpy import linear
 
 EPS = 1e-6  # the library's default: added to the normaliser
@@ -17,175 +13,136 @@ def _phi(x):
     return linear.elu_feature_map(x)
 
 
-# --- Exercise 7.1: a prompt in one pass, and the state it leaves --------------------------------
-# Serving a prompt: its outputs come from the parallel causal form (no loop over its tokens), and
-# generation goes on from the state (S, Z) after its last token, one RNN step per new token.
+# --- Exercise 7.1: a block of tokens from a carried state, in one pass ---------------------------
+# Chunked prefill: a server that already holds the state (S, Z) of everything before (earlier blocks of
+# the prompt, earlier turns of a chat) receives a block of c tokens. Their outputs are the RNN's, but the
+# block is known in full: the state's contribution plus a causal c × c kernel inside the block, and the
+# next state is the old one plus the block's sums. The definition is the RNN, one step per token.
 
-def _prefill_reference(q, k, v):
-    """The definition: the RNN of Eqs. (7.2)-(7.3) run over the prompt, one token at a time."""
-    state, outputs = None, []
+def _block_reference(q, k, v, S, Z):
+    """The definition: the RNN of Eqs. (7.2)-(7.3) run over the block, one token at a time, from (S, Z)."""
+    state, outputs = (S, Z), []
     for t in range(q.shape[-2]):
         out, state = linear.linear_attention_step(q[..., t, :], k[..., t, :], v[..., t, :], state)
         outputs.append(out)
-    return np.stack(outputs, axis=-2), *state  # (..., n, e), S (..., f, e), Z (..., f)
+    return np.stack(outputs, axis=-2), *state  # (..., c, e), S (..., f, e), Z (..., f)
 
 
-def _prefill(*, phi=_phi, keys="causal", normaliser="causal", transpose_state=False):
+def _block(*, phi=_phi, keys="causal", normaliser="causal", old_in_numerator=True, old_in_normaliser=True,
+           carry=True, transpose_state=False):
     """Exercise 7.1's function in parallel form, with one slip (the defaults: none)."""
     masks = {"causal": np.tril, "strict": lambda w: np.tril(w, k=-1), "all": lambda w: w}
 
-    def prefill(q, k, v):
-        phi_q, phi_k = phi(q), phi(k)  # (..., n, f)
-        kernel = phi_q @ np.swapaxes(phi_k, -1, -2)  # (..., n, n)
-        weights = masks[keys](kernel)
-        total = masks[normaliser](kernel).sum(axis=-1, keepdims=True)  # (..., n, 1)
-        S = np.swapaxes(phi_k, -1, -2) @ v  # (..., f, e)
-        return weights @ v / (total + EPS), (np.swapaxes(S, -1, -2) if transpose_state else S), phi_k.sum(axis=-2)
+    def prefill(q, k, v, S, Z):
+        phi_q, phi_k = phi(q), phi(k)  # (..., c, f)
+        kernel = phi_q @ np.swapaxes(phi_k, -1, -2)  # (..., c, c)
+        numerator = masks[keys](kernel) @ v + (phi_q @ S if old_in_numerator else 0.0)  # (..., c, e)
+        total = masks[normaliser](kernel).sum(axis=-1)  # (..., c)
+        if old_in_normaliser:
+            total = total + np.einsum("...cf,...f->...c", phi_q, Z)
+        S_new = np.swapaxes(phi_k, -1, -2) @ v + (S if carry else 0.0)  # (..., f, e)
+        Z_new = phi_k.sum(axis=-2) + (Z if carry else 0.0)  # (..., f)
+        return (numerator / (total[..., None] + EPS), np.swapaxes(S_new, -1, -2) if transpose_state else S_new,
+                Z_new)
     return prefill
 
 
 MISTAKES_7_1 = (
-    Mistake("future-leak", _prefill(keys="all", normaliser="all"),
-            "position i attended to every prompt token, later ones included: a token being generated cannot "
-            "see the tokens after it. Keep key j ≤ query i only (np.tril of the n × n kernel, or prefix sums)."),
-    Mistake("future-in-the-normaliser", _prefill(normaliser="all"),
-            "the numerator stops at key i but the normaliser sums phi(q_i)·phi(k_j) over the whole prompt: "
-            "Z_i = Σ_{j ≤ i} phi(k_j), the same keys as the numerator, or the weights do not sum to 1."),
-    Mistake("token-misses-itself", _prefill(keys="strict", normaliser="strict"),
+    Mistake("future-leak", _block(keys="all", normaliser="all"),
+            "token i of the block attended to the whole block, later tokens included: a token cannot see the "
+            "tokens after it. Inside the block keep key j ≤ query i only (np.tril of the c × c kernel)."),
+    Mistake("future-in-the-normaliser", _block(normaliser="all"),
+            "the numerator stops at key i but the normaliser sums phi(q_i)·phi(k_j) over the whole block: it "
+            "runs over the same keys as the numerator (the earlier state and j ≤ i), or the weights do not sum to 1."),
+    Mistake("token-misses-itself", _block(keys="strict", normaliser="strict"),
             "token i attends to itself too (j ≤ i, Eq. 7.1): np.tril(..., k=-1) drops the diagonal."),
-    Mistake("missing-feature-map", _prefill(phi=lambda x: x),
+    Mistake("missing-feature-map", _block(phi=lambda x: x),
             "the queries and keys were used as they are: apply the feature map phi = elu + 1 to q and k "
             "(Eq. 7.1); without it the weights can be negative and the normaliser can be 0."),
-    Mistake("state-transposed", _prefill(transpose_state=True),
+    Mistake("earlier-tokens-ignored", _block(old_in_numerator=False, old_in_normaliser=False),
+            "the outputs read the block alone, as if it were the whole prompt: every token also sees everything "
+            "before the block, which the state holds. Add phi(q_i)ᵀ S to the numerator and phi(q_i)·Z to the "
+            "normaliser."),
+    Mistake("earlier-tokens-missing-from-the-normaliser", _block(old_in_normaliser=False),
+            "the numerator reads the carried S, but the normaliser counts the block's keys only: it needs "
+            "phi(q_i)·Z as well, the same earlier keys as the numerator."),
+    Mistake("state-not-carried", _block(carry=False),
+            "the outputs are right, but the state you return holds the block's tokens only: the next block must "
+            "also see everything before this one. Return S + Σ_j phi(k_j) v_jᵀ and Z + Σ_j phi(k_j)."),
+    Mistake("state-transposed", _block(transpose_state=True),
             "S is (f, e), Σ_j phi(k_j) v_jᵀ = phi(K)ᵀ V, the shape linear_attention_step reads; you returned "
-            "Vᵀ phi(K)."),
+            "its transpose."),
 )
+
+
+def _sequence_case(seed, lead, n, d, e):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((*lead, n, d)), rng.standard_normal((*lead, n, d)), rng.standard_normal((*lead, n, e))
+
+
+def _block_case(seed, lead, before, c, d, e):
+    """A block of ``c`` tokens and the state (S, Z) that ``before`` earlier tokens left (zeros for none)."""
+    q, k, v = _sequence_case(seed, lead, before + c, d, e)
+    phi_k = _phi(k[..., :before, :])  # (..., before, f)
+    S, Z = np.swapaxes(phi_k, -1, -2) @ v[..., :before, :], phi_k.sum(axis=-2)  # (..., f, e), (..., f)
+    return q[..., before:, :], k[..., before:, :], v[..., before:, :], S, Z
 
 
 def _cases_7_1():
     return [
-        ("a prompt of 6 tokens, d = e = 4", _sequence_case(71, (), 6, 4, 4), {}),
-        ("a prompt of 9 tokens, d = 5, e = 3 (d ≠ e: S is (f, e))", _sequence_case(72, (), 9, 5, 3), {}),
-        ("a prompt of 1 token", _sequence_case(73, (), 1, 3, 2), {}),
-        ("batched (b, h) = (2, 3), a prompt of 7 tokens, d = 6, e = 4", _sequence_case(74, (2, 3), 7, 6, 4), {}),
+        ("a block of 6 tokens after 10, d = e = 4", _block_case(71, (), 10, 6, 4, 4), {}),
+        ("a block of 5 after 7, d = 5, e = 3 (d ≠ e: S is (f, e))", _block_case(72, (), 7, 5, 5, 3), {}),
+        ("the first block: 4 tokens, an empty state", _block_case(73, (), 0, 4, 3, 2), {}),
+        ("a block of 1 token after 20", _block_case(76, (), 20, 1, 3, 3), {}),
+        ("batched (b, h) = (2, 3), a block of 7 after 5, d = 6, e = 4", _block_case(74, (2, 3), 5, 7, 6, 4), {}),
     ]
 
 
-_LIBRARY = os.path.dirname(os.path.dirname(os.path.abspath(linear.__file__)))  # course_lib/
 # What Exercise 7.1 asks the learner to write: the library's causal forms (in either tree) and the check's own
-# reference, which runs the RNN.  Calling one of them passes the values and teaches nothing.
+# reference, which runs the RNN.  Calling one of them gives the values and teaches nothing.
 _FORBIDDEN = frozenset({"causal_linear_attention", "causal_linear_attention_from_features",
                         "causal_linear_attention_reference", "chunked_causal_sums"})
 
 
-# Where Python's own modules and installed packages (NumPy, torch, …) live: their code is not the answer's,
-# and its line count may depend on the sizes (np.einsum's path search with optimize=True does).
-_INSTALLED = tuple(sorted({os.path.abspath(path) + os.sep for path in (
-    *(sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")),
-    *site.getsitepackages(), site.getusersitepackages())}))
-
-
-def _in_library(code):
-    return os.path.abspath(code.co_filename).startswith(_LIBRARY + os.sep)
-
-
-def _installed(code):
-    """True for code from the standard library or an installed package other than course_lib."""
-    filename = code.co_filename
-    if filename.startswith("<frozen"):
-        return True
-    return not _in_library(code) and os.path.abspath(filename).startswith(_INSTALLED)
-
-
-def _answers(code):
-    """True for the answer's code: its function and any helper, in any notebook cell or file of its own."""
-    return not _in_library(code) and not _installed(code)
-
-
-def _forbidden(code):
-    """The name of the library function ``code`` is, if the exercise asks for it to be written; else None."""
-    if not _in_library(code):
-        return None
-    if code.co_name in _FORBIDDEN:
-        return code.co_name
-    if os.path.basename(os.path.dirname(os.path.abspath(code.co_filename))) == "checks":
-        return f"the check's own {code.co_name}"
-    return None
-
-
-def _traced(candidate, n):
-    """One call of ``candidate`` on a prompt of ``n`` tokens, traced: ``(Python work, forbidden calls)``.
-
-    The work counts the lines the answer's own code runs — its function and the helpers it defines, in any
-    cell — and the Python calls made from it or from the library (a C-level ``map`` over a library step, or
-    over ``np.outer``, still makes one call per token). Lines and calls inside NumPy, torch or the standard
-    library are not counted: they are the same for any length, except where they search (``np.einsum``'s path).
-    """
-    work, forbidden, own = 0, [], getattr(candidate, "__code__", None)
-
-    def lines(frame, event, arg):
-        nonlocal work
-        work += event == "line"
-        return lines
-
-    def calls(frame, event, arg):
-        nonlocal work
-        caller = frame.f_back
-        work += caller is not None and not _installed(caller.f_code)
-        name = None if frame.f_code is own else _forbidden(frame.f_code)  # what it calls, not itself
-        if name is not None and name not in forbidden:
-            forbidden.append(name)
-        return lines if _answers(frame.f_code) else None
-
-    args = _sequence_case(75, (), n, 3, 2)
-    previous = sys.gettrace()
-    sys.settrace(calls)
-    try:
-        candidate(*args)
-    finally:
-        sys.settrace(previous)
-    return work, forbidden
-
-
 def _no_library_call(candidate):
     """None when the answer calls none of the library functions that compute what the exercise asks for."""
-    _, forbidden = _traced(candidate, 4)
-    if not forbidden:
-        return None
-    return f"your function calls {forbidden[0]} from course_lib."  # the first: the others are inside it
+    return calls_forbidden(candidate, _block_case(75, (), 3, 4, 3, 2), _FORBIDDEN)
 
 
 def _no_loop(candidate):
-    """None when the answer does as much Python work for a long prompt as for a short one: no loop over tokens."""
-    (short, _), (long, _) = _traced(candidate, 4), _traced(candidate, 64)
-    if long <= short + 8:  # a parallel answer: the same lines and calls whatever the length
+    """None when the answer does as much Python work for a long block as for a short one: no loop over tokens."""
+    grows = loop_grows(candidate, _block_case(75, (), 3, 4, 3, 2), _block_case(75, (), 3, 64, 3, 2))
+    if grows is None:
         return None
-    return (f"for a prompt of 64 tokens your function ran {long} lines and calls of Python code (its own, its "
-            f"helpers' in any cell), for 4 tokens {short}: it loops over the prompt's positions.")
+    return (f"for a block of 64 tokens your function ran {grows[1]} lines and calls of Python code (its own, its "
+            f"helpers' in any cell), for 4 tokens {grows[0]}: it loops over the block's positions.")
 
 
-def _prefill_by_library(q, k, v):
-    """The right values, with the outputs from the library's causal linear attention."""
-    phi_k = _phi(k)  # (..., n, f)
-    return linear.causal_linear_attention(q, k, v), np.swapaxes(phi_k, -1, -2) @ v, phi_k.sum(axis=-2)
+def _block_by_library(q, k, v, S, Z):
+    """The right values, with the block's own part from the library's chunked causal sums."""
+    phi_q, phi_k = _phi(q), _phi(k)  # (..., c, f)
+    within, within_total = linear.chunked_causal_sums(phi_q, phi_k, v, q.shape[-2])
+    total = within_total + np.einsum("...cf,...f->...c", phi_q, Z)
+    return ((within + phi_q @ S) / (total[..., None] + EPS), S + np.swapaxes(phi_k, -1, -2) @ v,
+            Z + phi_k.sum(axis=-2))
 
 
 REQUIREMENTS_7_1 = (
     Requirement("calls-the-library", _no_library_call,
-                "the outputs are right, but they come from the library's causal linear attention (or the check's "
-                "reference), the function this exercise asks you to write. Build them from elu_feature_map and "
-                "NumPy: the causal n × n kernel (np.tril) or prefix sums (np.cumsum), then S and Z as sums over "
-                "the prompt.",
-                _prefill_by_library),
+                "the values are right, but part of them comes from the library's causal linear attention (or the "
+                "check's reference), the computation this exercise asks you to write. Build it from "
+                "elu_feature_map and NumPy: the carried state's part, phi(Q) S and phi(Q) Z, plus the causal "
+                "c × c kernel of the block (np.tril).",
+                _block_by_library),
     Requirement("loops-over-positions", _no_loop,
-                "the outputs are right, but they come from a loop over the prompt's tokens, the RNN of Section "
-                "7.1 (in your function or in a helper it calls). A prompt is known in full: write Eq. (7.1) for "
-                "every position at once (the causal n × n kernel, or prefix sums), and the state after n tokens "
-                "as one sum over them.",
-                _prefill_reference),
+                "the values are right, but they come from a loop over the block's tokens, the RNN of Section 7.1 "
+                "(in your function or in a helper it calls). The block is known in full: what the earlier tokens "
+                "give every position is one product with the carried state, what the block gives is one causal "
+                "c × c kernel, and the next state is the old one plus one sum over the block.",
+                _block_reference),
 )
 
-exercise_7_1 = Exercise("7.1", "a prompt in one pass, and the state it leaves", _prefill_reference, _cases_7_1,
+exercise_7_1 = Exercise("7.1", "a block of tokens from a carried state, in one pass", _block_reference, _cases_7_1,
                         MISTAKES_7_1, names=("outputs", "S", "Z"), requirements=REQUIREMENTS_7_1)
 
 
@@ -269,11 +226,6 @@ def _cases_7_2():
         ("γ = 0: each position sees only itself, n = 5, d = e = 2", (*_sequence_case(80, (), 5, 2, 2), 0.0), {}),
         ("batched (b, h) = (2, 2), n = 12, d = e = 4, γ = 0.9", (*_sequence_case(77, (2, 2), 12, 4, 4), 0.9), {}),
     ]
-
-
-def _sequence_case(seed, lead, n, d, e):
-    rng = np.random.default_rng(seed)
-    return rng.standard_normal((*lead, n, d)), rng.standard_normal((*lead, n, d)), rng.standard_normal((*lead, n, e))
 
 
 exercise_7_2 = Exercise("7.2", "a state that forgets: the parallel form of a decayed recurrence", _decay_reference,

@@ -1,8 +1,8 @@
-"""Checks for the lesson 08 exercises (FAVOR+: positive random features, Lemma 2, the stabiliser trap)."""
+"""Checks for the lesson 08 exercises (FAVOR+: a tight causal-safe stabiliser, Lemma 2, the stabiliser trap)."""
 
 import numpy as np
 
-from course_lib.checks import Exercise, Mistake, run_check
+from course_lib.checks import Exercise, Mistake, Requirement, run_check, to_numpy
 from course_lib.numpy import full, performer
 
 
@@ -10,48 +10,148 @@ def _gaussians(seed, *shape):
     return np.random.default_rng(seed).standard_normal(shape)
 
 
-# --- Exercise 8.1: positive random features ---------------------------------------------------
+# --- Exercise 8.1: the tightest causal-safe stabiliser: a running maximum ------------------------
+# The library's causal shift is a bound on every possible key exponent, max_r ‖ω_r‖²/2: it reads no key, but
+# keys far from every ω sit hundreds below it and their features underflow to 0.  The tightest shift that
+# reads no future key is the largest exponent so far, M_i = max_{j ≤ i, r} a_jr; it differs between queries,
+# so the sums carried from earlier positions are rescaled by exp(M_{i-1} − M_i) whenever it rises.
 
-def _positive_reference(x, omega):
-    phi = performer.positive_features(x, omega)  # (..., n, f)
-    return phi, phi @ np.swapaxes(phi, -1, -2)  # (..., n, n): estimates of exp(x_iᵀx_j)
+def _exponents(q, k, omega, *, half_norm=True, scaled=True):
+    """Query projections ``(..., n, m)`` and key exponents a_jr = ω_rᵀy − ‖y‖²/2 ``(..., n, m)``, y = k d^(-1/4)."""
+    scale = q.shape[-1] ** -0.25 if scaled else 1.0
+    x, y = q * scale, k * scale
+    exponents = y @ omega.T - (0.5 * np.sum(y * y, axis=-1, keepdims=True) if half_norm else 0.0)
+    return x @ omega.T, exponents
 
 
-def _positive(*, half_norm=-0.5, divide=True):
-    """The exercise's function, made with one slip."""
-    def features(x, omega):
-        m = omega.shape[-2]
-        phi = np.exp(x @ omega.T + half_norm * np.sum(x * x, axis=-1, keepdims=True))  # (..., n, f)
-        phi = phi / np.sqrt(m) if divide else phi
-        return phi, phi @ np.swapaxes(phi, -1, -2)
-    return features
+def _logsumexp(x, axis):
+    top = x.max(axis=axis, keepdims=True)  # finite here: every exponent is
+    return np.log(np.exp(x - top).sum(axis=axis)) + np.squeeze(top, axis=axis)
+
+
+def _causal_log_attention(projections, exponents, v):
+    """The output in log space, exact: log w_ij = logsumexp_r (ω_rᵀx_i + a_jr) over the keys j ≤ i."""
+    log_w = _logsumexp(projections[..., :, None, :] + exponents[..., None, :, :], axis=-1)  # (..., n, s)
+    n = log_w.shape[-1]
+    log_w = np.where(np.tril(np.ones((n, n), dtype=bool)), log_w, -np.inf)
+    weights = np.exp(log_w - log_w.max(axis=-1, keepdims=True))  # the diagonal is finite: the max is too
+    return weights @ v / weights.sum(axis=-1, keepdims=True)
+
+
+def _running_max_reference(q, k, v, omega):
+    projections, exponents = _exponents(q, k, omega)
+    shift = np.maximum.accumulate(exponents.max(axis=-1), axis=-1)  # (..., n): M_i, keys j ≤ i only
+    return shift, _causal_log_attention(projections, exponents, v)
+
+
+def _shifted(*, half_norm=True, scaled=True, shift="running", rescale=True, per_feature=False):
+    """Exercise 8.1's function with one slip (the defaults: none), in the quadratic form of the weights."""
+    def attention(q, k, v, omega):
+        projections, exponents = _exponents(q, k, omega, half_norm=half_norm, scaled=scaled)
+        largest = exponents if per_feature else exponents.max(axis=-1, keepdims=True)  # (..., n, m or 1)
+        if shift == "global":  # the trap: the future's keys included
+            M = np.broadcast_to(largest.max(axis=-2, keepdims=True), largest.shape)
+        elif shift == "before":  # keys j < i: the position's own key left out
+            M = np.concatenate([np.full_like(largest[..., :1, :], -np.inf),
+                                np.maximum.accumulate(largest, axis=-2)[..., :-1, :]], axis=-2)
+        else:
+            M = np.maximum.accumulate(largest, axis=-2)  # (..., n, m or 1)
+        phi_q = np.exp(projections - projections.max(axis=-1, keepdims=True))  # (..., n, m)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            if rescale:  # every key a query sees carries that query's shift M_i
+                phi_k = np.exp(exponents[..., None, :, :] - M[..., :, None, :])  # (..., n, s, m)
+            else:  # each key shifted by the maximum at its own position, never rescaled
+                phi_k = np.broadcast_to(np.exp(exponents - M)[..., None, :, :], (*M.shape[:-2], M.shape[-2],
+                                                                                 *exponents.shape[-2:]))
+            weights = np.tril(np.einsum("...nm,...nsm->...ns", phi_q, phi_k))  # (..., n, s)
+            output = weights @ v / weights.sum(axis=-1, keepdims=True)
+        return (M if per_feature else M[..., 0]), output
+    return attention
 
 
 MISTAKES_8_1 = (
-    Mistake("missing-half-norm", _positive(half_norm=0.0),
-            "phi(x) = exp(ωᵀx − ‖x‖²/2) / √m: without the − ‖x‖²/2 term E[phi(x)·phi(y)] is "
-            "exp(xᵀy + ‖x‖²/2 + ‖y‖²/2), not exp(xᵀy) (Eq. 8.4, Lemma 1)."),
-    Mistake("plus-half-norm", _positive(half_norm=0.5),
-            "the norm term has the wrong sign: subtract ‖x‖²/2 (it is exp(‖x‖²/2) only in the trig features)."),
-    Mistake("norm-not-halved", _positive(half_norm=-1.0),
-            "the norm term is −‖x‖²/2, half the squared norm: with −‖x‖² the estimate is exp(xᵀy − ‖x‖²/2 − "
-            "‖y‖²/2), too small by exp(−(‖x‖² + ‖y‖²)/2) (Eq. 8.4, Lemma 1: E[exp(ωᵀx)] = exp(‖x‖²/2))."),
-    Mistake("missing-1/sqrt(m)", _positive(divide=False),
-            "divide by √m: phi(x)·phi(y) averages m terms, so each feature carries 1/√m (the estimate is "
-            "m times too large otherwise)."),
+    Mistake("global-max", _shifted(shift="global"),
+            "your shift is the largest exponent over the whole sequence: position i then reads keys after it, the "
+            "trap of Section 8.6 (a large future key shrinks every earlier feature; against float underflow or an "
+            "eps the past outputs change). Take the maximum over the keys j ≤ i only (np.maximum.accumulate)."),
+    Mistake("own-key-left-out", _shifted(shift="before"),
+            "query i sees key i too: the running maximum runs over j ≤ i, the position's own key included "
+            "(the first position's shift is its own key's largest exponent, not −inf)."),
+    Mistake("shift-not-rescaled", _shifted(rescale=False),
+            "each key was shifted by the maximum at its own position and kept so: a shift cancels only when every "
+            "key a query sees carries the same one. When the running maximum rises from M_{i−1} to M_i, rescale "
+            "the sums carried so far by exp(M_{i−1} − M_i) (≤ 1: nothing overflows)."),
+    Mistake("per-feature-shift", _shifted(per_feature=True),
+            "one shift per position, shared by all m features: exp(−M_i) then factors out of the numerator and the "
+            "normaliser. A different shift per feature r reweights the features and changes the kernel estimate."),
+    Mistake("missing-half-norm", _shifted(half_norm=False),
+            "a key's exponent is ω_rᵀy − ‖y‖²/2 (Eq. 8.4): without −‖y‖²/2 the features estimate "
+            "exp(xᵀy + ‖y‖²/2), not exp(xᵀy), and the shift is wrong too."),
+    Mistake("not-scaled", _shifted(scaled=False),
+            "FAVOR+ estimates exp(qᵀk / √d): map x = q d^(-1/4) and y = k d^(-1/4), not q and k (Eq. 8.6)."),
 )
+
+
+def _favor_case(seed, lead, n, d, e, m, key_norm=None):
+    rng = np.random.default_rng(seed)
+    q, k = 0.5 * rng.standard_normal((*lead, n, d)), 0.5 * rng.standard_normal((*lead, n, d))
+    if key_norm is not None:  # every key of this norm: exponents near −‖y‖²/2, far below the library's bound
+        k = key_norm * k / np.linalg.norm(k, axis=-1, keepdims=True)
+    return q, k, rng.standard_normal((*lead, n, e)), performer.random_matrix(m, d, rng)
+
+
+FAR = 100.0  # ‖k‖ = 100 at d = 16: ‖y‖ = 50, a = ωᵀy − 1250 ≤ 4 · 50 − 1250 < −745: exp(a) underflows to 0
 
 
 def _cases_8_1():
     return [
-        ("n = 4, d = 3, m = 5", (0.5 * _gaussians(81, 4, 3), _gaussians(82, 5, 3)), {}),
-        ("n = 10, d = 8, m = 16", (0.3 * _gaussians(83, 10, 8), _gaussians(84, 16, 8)), {}),
-        ("batched (2, 3), n = 6, d = 4, m = 8", (0.5 * _gaussians(85, 2, 3, 6, 4), _gaussians(86, 8, 4)), {}),
+        ("n = 6, d = 4, e = 3, m = 8", _favor_case(811, (), 6, 4, 3, 8), {}),
+        ("n = 12, d = 8, e = 4, m = 16", _favor_case(812, (), 12, 8, 4, 16), {}),
+        ("n = 1 (one position)", _favor_case(813, (), 1, 4, 2, 4), {}),
+        ("batched (2, 3), n = 9, d = 4, e = 2, m = 8", _favor_case(814, (2, 3), 9, 4, 2, 8), {}),
+        (f"keys of norm {FAR:g}, n = 10, d = 16, m = 16: the library's causal shift underflows here",
+         _favor_case(815, (), 10, 16, 3, 16, key_norm=FAR), {}),
     ]
 
 
-exercise_8_1 = Exercise("8.1", "positive random features", _positive_reference, _cases_8_1, MISTAKES_8_1,
-                        names=("phi", "kernel_estimate"))
+def _past_moves(candidate):
+    """None when new future keys leave the past outputs as they were; else a line saying how far they moved."""
+    q, k, v, omega = _favor_case(816, (), 12, 16, 3, 16, key_norm=FAR)
+    t, row = 8, np.argmax(np.linalg.norm(omega, axis=1))
+    future = k.copy()
+    future[t:] = omega[row] * q.shape[-1] ** 0.25  # y = ω_row: the largest exponent any key can reach
+    before, after = to_numpy(candidate(q, k, v, omega)[1])[:t], to_numpy(candidate(q, future, v, omega)[1])[:t]
+    with np.errstate(invalid="ignore"):
+        moved = np.abs(after - before).max()
+    if np.all(np.isfinite(after)) and moved <= 1e-12 * max(1.0, np.abs(before).max()):
+        return None
+    bad = int(np.count_nonzero(~np.isfinite(after)))
+    how = f"made {bad} of them NaN or inf" if bad else f"moved them by up to {moved:.3g}"
+    return f"changing the keys from position {t} on {how}, at positions 0 … {t - 1}: they read the future."
+
+
+def _global_max_output(q, k, v, omega):
+    """The right shift returned, but the output computed with the maximum over the whole sequence."""
+    shift, _ = _running_max_reference(q, k, v, omega)
+    projections, exponents = _exponents(q, k, omega)
+    phi_q = np.exp(projections - projections.max(axis=-1, keepdims=True))
+    phi_k = np.exp(exponents - exponents.max(axis=(-1, -2), keepdims=True))  # the future sets the scale
+    with np.errstate(invalid="ignore"):
+        weights = np.tril(phi_q @ np.swapaxes(phi_k, -1, -2))
+        return shift, weights @ v / weights.sum(axis=-1, keepdims=True)
+
+
+REQUIREMENTS_8_1 = (
+    Requirement("reads-future-keys", _past_moves,
+                "the shift you return is right, but the outputs use another one that reads keys after the query "
+                "(a maximum over the whole sequence): with past keys far below the future's, their features "
+                "underflow. Shift the keys query i sees by M_i, the maximum over j ≤ i, and rescale what is "
+                "carried when it rises.",
+                _global_max_output),
+)
+
+exercise_8_1 = Exercise("8.1", "the tightest causal-safe stabiliser: a running maximum", _running_max_reference,
+                        _cases_8_1, MISTAKES_8_1, names=("shift", "output"), requirements=REQUIREMENTS_8_1)
 
 
 # --- Exercise 8.2: how many features? Lemma 2, predicted then measured --------------------------
