@@ -2,6 +2,8 @@
 the held-out results file, and bad input."""
 
 import json
+import pathlib
+import sys
 
 import numpy as np
 import pytest
@@ -13,6 +15,9 @@ from course_lib.pretrained import load_minilm
 from course_lib.tasks import passage_split
 from course_lib.torch.feature_maps import attention_cross_entropy
 from course_lib.torch.full import MultiHeadAttention, attention_weights, softmax_attention
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tools"))
+import train_linearized  # noqa: E402
 
 SHORT = ["The for statement iterates over a sequence.", "A while loop runs while its condition holds true, "
          "again and again, until it becomes false."]
@@ -397,3 +402,53 @@ def test_the_stored_ranking_scores_and_second_source_are_those_of_their_per_text
             assert test == {key: pytest.approx(row[f"mrr_{key}"]) for key in ("better", "worse", "statistic", "p")}
     points = results["reference_points"]["held-out passages"]
     assert min(points["exact model in float16"]) > 0.999 > np.mean(points["exact model, one word dropped"])
+
+
+# --- python tools/train_linearized.py --seed-runs 3: seeds 1 and 2 beside the stored seed 0 ---------------
+
+SEED_ROWS = ("Hedgehog, stage 1", "Hedgehog, stages 1 + 2", "T2R, trained end to end")
+
+
+def test_seed_runs_quick_adds_seeds_and_starts_and_keeps_every_stored_row(tmp_path):
+    # a few steps on four short passages (a few seconds): the mode writes its fields and changes nothing else
+    stored = data_path("linearized_results.json").read_text()
+    (tmp_path / "linearized_results.json").write_text(stored)
+    threads = torch.get_num_threads()
+    try:
+        train_linearized.main(["--seed-runs", "3", "--quick", "--jobs", "1", "--out", str(tmp_path)])
+    finally:
+        torch.set_num_threads(threads)  # the tool sets one thread per process
+    before, after = json.loads(stored), json.loads((tmp_path / "linearized_results.json").read_text())
+    runs = after.pop("seed_runs")
+    before.pop("seed_runs", None)
+    assert {k: v for k, v in after.items() if k != "stage1_seeds"} == \
+        {k: v for k, v in before.items() if k != "stage1_seeds"}  # every stored row and field as it was
+    assert runs["command"].endswith("--seed-runs 3 --quick") and runs["seeds"] == [0, 1, 2] and runs["wall_s"] > 0
+    assert [r["seed"] for r in after["stage1_seeds"]] == [0, 1, 2]
+    for name in SEED_ROWS:
+        rows = runs["rows"][name]
+        assert [r["seed"] for r in rows] == [0, 1, 2] and rows[0]["stored"]
+        assert all(r["cpu_s"] >= 0 and r["seconds"] > 0 and -1 <= r["cosine"] <= 1 and 0 < r["mrr"] <= 1
+                   for r in rows[1:])
+        for key, summary in runs["summary"][name].items():
+            values = [r[key] for r in rows]
+            assert summary == {"seed0": values[0], "mean": pytest.approx(np.mean(values)), "low": min(values),
+                               "high": max(values)}
+    assert sorted(runs["starts"]) == ["Hedgehog at W = I, untrained", *(
+        f"T2R at its random start (seed {seed}), untrained" for seed in range(3))]
+    assert all(np.isclose(np.mean(r["cosines"]), r["cosine"]) for r in runs["starts"].values())
+
+
+def test_the_stored_seed_runs_sit_beside_seed_0_and_start_where_stage_1_starts(results):
+    runs = results["seed_runs"]
+    assert runs["command"].startswith("python tools/train_linearized.py --seed-runs 3") and runs["seeds"] == [0, 1, 2]
+    rows = {r["name"]: r for r in results["rows"]}
+    for name in SEED_ROWS:
+        seeds = runs["rows"][name]
+        assert [r["seed"] for r in seeds] == [0, 1, 2]
+        assert seeds[0]["cosine"] == rows[name]["cosine"] and seeds[0]["mrr"] == rows[name]["mrr"]  # the stored model
+        assert all(r["cosine"] != seeds[0]["cosine"] and r["cosine"] > r["control"] + 0.3 for r in seeds[1:])
+    assert [r["cosine"] for r in results["stage1_seeds"]] == [r["cosine"] for r in runs["rows"]["Hedgehog, stage 1"]]
+    start = runs["starts"]["Hedgehog at W = I, untrained"]
+    # stage 1's step-0 checkpoint is W = I too, scored without retrieval by the same scorer
+    assert start["cosine"] == pytest.approx(results["stage1_checkpoints"][0]["cosine"], abs=1e-6)

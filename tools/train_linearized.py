@@ -4,6 +4,7 @@
     python tools/train_linearized.py --quick --out /tmp/l10    a small run in a few minutes, for a look
     python tools/train_linearized.py --score-only     re-score the stored models (no training): see below
     python tools/train_linearized.py --no-adapter-runs    stage 2 without adapters, two rows added: see below
+    python tools/train_linearized.py --seed-runs 3 --jobs 2    seeds 1 and 2 of three rows beside seed 0: see below
 
 Every fit uses the *training* passages of ``course_lib.tasks.passage_split`` (the corpus's
 start); every score comes from its *held-out* passages (the corpus's end), which no stage sees.
@@ -37,6 +38,17 @@ feature maps learn end to end; same steps, texts, seed and loss as the stored st
 stored stage-1 models of Hedgehog and Hedgehog + window, and adds (or replaces) their two rows,
 "..., stages 1 + 2, no adapters", in the results file, with the command and wall time. Every
 other row and every checkpoint stays as it is; no model is saved.
+
+``--seed-runs N`` trains seeds 1 to N - 1 of three stored rows with the stored settings: Hedgehog
+stage 1, Hedgehog stages 1 + 2 (from that seed's stage 1) and T2R (stage 2 only).  A seed sets the
+minibatch order, stage 1's query rows and every random start (T2R's W, the adapters' A), as seed 0
+does for the stored models.  Each model is scored like its stored row, on the same held-out
+passages, and so are the stored runs' starts, untrained: Hedgehog at W = I (stage 1's gain is
+measured from it) and T2R at each seed's random W.  They go to ``seed_runs`` in the results file
+(per seed: the scores, training wall and CPU seconds; per row: seed 0, mean, lowest and highest),
+with the command and its wall time; the stage-1 cosines also go to ``stage1_seeds``.  Every
+stored row and checkpoint stays as it is; no model is saved.  With ``--quick`` (and ``--out``) it
+trains a few steps on a few passages, for a test.
 """
 
 import argparse
@@ -89,9 +101,9 @@ class Clock:
         return result
 
 
-def score(name, model, heldout, exact, rows, **info):
+def score(name, model, heldout, exact, rows, *, max_length=256, **info):
     """Score ``model`` on the held-out passages and append a row of the results table."""
-    result = evaluate.heldout_scores(model, heldout, exact)
+    result = evaluate.heldout_scores(model, heldout, exact, max_length=max_length)
     rows.append({"name": name, **info, **{k: v for k, v in result.items()}})
     print(f"  {name}: cosine {result['cosine']:.3f} (control {result['control']:.3f}), centred "
           f"{result['centred_cosine']:.3f}, retrieval {result['retrieval_hits']}/{len(heldout)} (against exact: "
@@ -147,15 +159,21 @@ def main(argv=None):
                         help="train nothing: re-score the stored models and update only scores in the results file")
     parser.add_argument("--no-adapter-runs", action="store_true",
                         help="train only stage 2 without adapters from the stored stage-1 models; add their rows")
+    parser.add_argument("--seed-runs", type=int, default=0, metavar="N",
+                        help="train seeds 1 to N - 1 of Hedgehog stage 1, stages 1 + 2 and T2R; add their scores")
     parser.add_argument("--out", default=str(DATA))
     args = parser.parse_args(argv)
+    if args.quick and pathlib.Path(args.out).resolve() == DATA.resolve():
+        parser.error("--quick writes toy results: pass --out to keep them out of course_lib/data")
+    if args.seed_runs:
+        if args.seed_runs < 2:
+            parser.error("--seed-runs needs at least 2 (seed 0 is the stored run)")
+        return seed_runs(pathlib.Path(args.out), seeds=args.seed_runs, jobs=args.jobs, quick=args.quick)
     if args.no_adapter_runs:
         return no_adapter_runs(pathlib.Path(args.out), jobs=args.jobs)
     if args.score_only:
         return score_stored(pathlib.Path(args.out), threads=args.jobs * args.threads)
     if args.quick:
-        if pathlib.Path(args.out).resolve() == DATA.resolve():
-            parser.error("--quick writes toy results: pass --out to keep them out of course_lib/data")
         args.train, args.stage1_train, args.heldout, args.sweep, args.stage1_seeds = 8, 8, 8, [8], 2
         args.stage1_steps, args.stage2_steps = 20, 10
     out = pathlib.Path(args.out)
@@ -403,6 +421,116 @@ def part_no_adapters(clock, stored):
     return {"rows": rows}
 
 
+SEED_ROWS = ("Hedgehog, stage 1", "Hedgehog, stages 1 + 2", "T2R, trained end to end")
+SEED_KEYS = ("cosine", "control", "centred_cosine", "identification", "retrieval_hits", "half_cosine", "mrr",
+             "mrr_better", "mrr_worse", "mrr_p", "mrr_control")
+IDENTITY = "Hedgehog at W = I, untrained"
+
+
+def t2r_start(seed):
+    """The name of T2R's untrained start with ``seed``'s random W."""
+    return f"T2R at its random start (seed {seed}), untrained"
+
+
+def seed_runs(out, *, seeds, jobs, quick=False):
+    """``--seed-runs``: seeds 1 to ``seeds`` - 1 of ``SEED_ROWS`` and the untrained starts, into ``seed_runs``."""
+    path = out / "linearized_results.json"
+    results = json.loads(path.read_text())
+    settings = {**results["settings"], "out": str(out)}
+    if quick:  # a few steps on a few short passages: does the mode write its fields?
+        settings.update(train=4, stage1_train=4, heldout=4, n=32, stage1_steps=2, stage2_steps=2, stage1_batch=2,
+                        stage2_batch=2, features=4, t2r_features=8, rank=2)
+    args = argparse.Namespace(**settings)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    start, cpu = time.perf_counter(), time.process_time()
+    model = load_minilm()
+    train, heldout = passage_split(args.train, args.heldout, min_tokens=args.n, tokenizer=model.tokenizer)
+    assert quick or len(train) == results["train_passages"]
+    assert not set(train) & set(heldout)
+    torch.set_num_threads(args.threads * jobs)
+    exact = evaluate.exact_reference(model, heldout, max_length=args.n)
+    torch.set_num_threads(args.threads)
+    CONTEXT.update(args=args, out=out, model=model, heldout=heldout, exact=exact,
+                   stage1_texts=model.tokenize(train[:args.stage1_train], max_length=args.n, truncate=True),
+                   stage2_texts=model.tokenize(train, max_length=args.n, truncate=True))
+    parts = [("seed_hedgehog", (seed,)) for seed in range(1, seeds)]  # the longest first
+    parts += [("seed_t2r", (seed,)) for seed in range(1, seeds)] + [("starts", (seed,)) for seed in range(seeds)]
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+            done = [future.result() for future in [pool.submit(run_part, name, *extra) for name, extra in parts]]
+    else:
+        done = [run_part(name, *extra) for name, extra in parts]
+    stored = {row["name"]: row for row in results["rows"]}
+    runs = {name: [{"seed": 0, "seconds": stored[name].get("seconds"), "stored": True,
+                    **{key: stored[name][key] for key in SEED_KEYS}}] for name in SEED_ROWS}
+    for part in done:
+        for name, row in part.get("seed_rows", {}).items():
+            runs[name].append(row)
+    starts = {name: row for part in done for name, row in part.get("starts", {}).items()}
+    command = COMMAND + f" --seed-runs {seeds}" + (f" --jobs {jobs}" if jobs != 1 else "")
+    command += " --quick" if quick else ""
+    results["seed_runs"] = {
+        "command": command, "seeds": list(range(seeds)), "rows": runs, "summary": {
+            name: {key: seed_summary([run[key] for run in rows]) for key in ("cosine", "mrr", "retrieval_hits")}
+            for name, rows in runs.items()},
+        "starts": starts, "stages": {k: v for part in done for k, v in part["stages"].items()},
+        "wall_s": time.perf_counter() - start, "cpu_s": time.process_time() - cpu + sum(p["cpu_s"] for p in done)}
+    results["stage1_seeds"] = [{"seed": run["seed"], "cosine": run["cosine"]} for run in runs["Hedgehog, stage 1"]]
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"added seeds 1 to {seeds - 1} to {path} in {results['seed_runs']['wall_s']:.0f} s", flush=True)
+
+
+def seed_summary(values):
+    """Seed 0 (the stored model), the mean, and the lowest and highest over the seeds."""
+    return {"seed0": values[0], "mean": float(np.mean(values)), "low": min(values), "high": max(values)}
+
+
+def _seed_row(clock, name, student, seed, seconds, cpu_s):
+    """``student`` scored like the stored row ``name``: the scores of ``SEED_KEYS`` and the training time."""
+    result = clock.run(f"score {name}, seed {seed}", score, name, student, CONTEXT["heldout"], CONTEXT["exact"], [],
+                       max_length=CONTEXT["args"].n)
+    return {"seed": seed, "seconds": seconds, "cpu_s": cpu_s, **{key: result[key] for key in SEED_KEYS}}
+
+
+def part_seed_hedgehog(clock, seed):
+    """Hedgehog stage 1 and then stage 2 with ``seed``; both rows' scores."""
+    args, model = CONTEXT["args"], CONTEXT["model"]
+    hedgehog = lin.linearize(model, "hedgehog", n_features=args.features, seed=seed)
+    first = clock.run(f"Hedgehog stage 1, seed {seed}", lin.distill_attention, hedgehog, model,
+                      *CONTEXT["stage1_texts"], seed=seed, **_stage1_settings(args))
+    first_cpu = clock.stages[f"Hedgehog stage 1, seed {seed}"]["cpu_s"]
+    rows = {SEED_ROWS[0]: _seed_row(clock, SEED_ROWS[0], hedgehog, seed, first["seconds"], first_cpu)}
+    hedgehog, run = _stage2(clock, f"Hedgehog, seed {seed}", hedgehog, "hedgehog", seed=seed,
+                            n_features=args.features)
+    cpu_s = first_cpu + clock.stages[f"Hedgehog, seed {seed} stage 2"]["cpu_s"]
+    rows[SEED_ROWS[1]] = _seed_row(clock, SEED_ROWS[1], hedgehog, seed, first["seconds"] + run["seconds"], cpu_s)
+    return {"seed_rows": rows}
+
+
+def part_seed_t2r(clock, seed):
+    """T2R with ``seed``: its random W, its adapters and its minibatches; its row's scores."""
+    args = CONTEXT["args"]
+    t2r = lin.linearize(CONTEXT["model"], "t2r", n_features=args.t2r_features, seed=seed)
+    t2r, run = _stage2(clock, f"T2R, seed {seed}", t2r, "t2r", seed=seed, n_features=args.t2r_features)
+    cpu_s = clock.stages[f"T2R, seed {seed} stage 2"]["cpu_s"]
+    return {"seed_rows": {SEED_ROWS[2]: _seed_row(clock, SEED_ROWS[2], t2r, seed, run["seconds"], cpu_s)}}
+
+
+def part_starts(clock, seed):
+    """The untrained starts, scored like every row: T2R at ``seed``'s random W and, with seed 0, Hedgehog at W = I."""
+    args, model, starts = CONTEXT["args"], CONTEXT["model"], {}
+    models = {t2r_start(seed): lin.linearize(model, "t2r", n_features=args.t2r_features, seed=seed)}
+    if seed == 0:  # W = I, b = 0 whatever the seed: one row
+        models[IDENTITY] = lin.linearize(model, "hedgehog", n_features=args.features)
+    for name, start in models.items():
+        result = clock.run(f"score {name}", score, name, start, CONTEXT["heldout"], CONTEXT["exact"], [],
+                           max_length=args.n)
+        starts[name] = {"name": name, "training": "none", "seed": seed, **{key: result[key] for key in SEED_KEYS},
+                        "cosines": result["cosines"], "reciprocal_ranks": result["reciprocal_ranks"]}
+    return {"starts": starts}
+
+
 STAGE1_ROWS = {"hedgehog_stage1": lambda args: "Hedgehog, stage 1",
                "hedgehog_window_stage1": lambda args: f"Hedgehog + window (w = {args.window}), stage 1"}
 
@@ -429,20 +557,20 @@ def _stage2_settings(args):
                 schedule=args.stage2_schedule)
 
 
-def _with_adapters(student, method, **options):
+def _with_adapters(student, method, *, seed=0, **options):
     """``student``'s trained kernels in a fresh ``linearize``d model with adapters (for stage 2)."""
     args = CONTEXT["args"]
     if not args.rank:
         return student
-    staged = lin.linearize(CONTEXT["model"], method, rank=args.rank, adapt=args.adapt, **options)
+    staged = lin.linearize(CONTEXT["model"], method, rank=args.rank, adapt=args.adapt, seed=seed, **options)
     return lin.load_trained(staged, {**lin.trainable_state(staged), **lin.trainable_state(student)})
 
 
-def _stage2(clock, name, student, method, **options):
-    """Stage 2 with adapters on the stage-2 texts; the model, its run, and it saved as linearized_<name>."""
-    student = _with_adapters(student, method, **options)
+def _stage2(clock, name, student, method, *, seed=0, **options):
+    """Stage 2 with adapters on the stage-2 texts (``seed``: their A and the minibatch order); the model, its run."""
+    student = _with_adapters(student, method, seed=seed, **options)
     run = clock.run(f"{name} stage 2", lin.distill_outputs, student, CONTEXT["model"], *CONTEXT["stage2_texts"],
-                    seed=0, **_stage2_settings(CONTEXT["args"]))
+                    seed=seed, **_stage2_settings(CONTEXT["args"]))
     return student, run
 
 
@@ -573,7 +701,8 @@ def part_linformer(clock):
 
 PARTS = {"untrained": part_untrained, "hedgehog": part_hedgehog, "window": part_window, "seed": part_seed,
          "sweep": part_sweep, "t2r": part_t2r, "linformer": part_linformer,
-         "no_adapters": part_no_adapters}
+         "no_adapters": part_no_adapters, "seed_hedgehog": part_seed_hedgehog, "seed_t2r": part_seed_t2r,
+         "starts": part_starts}
 
 
 if __name__ == "__main__":
