@@ -106,13 +106,15 @@ LINFORMER = Preset(
 # else runs (seen: 200x on single calls), one thread keeps the other core for the rest of the machine;
 # the peer is measured the same way.
 RECURRENT = Preset(
-    about="lessons 11-12: the delta rule, gated delta rule and gated linear attention, chunked, looped and the "
-          "peer's, forward+backward, n = 256 … 16,384, h = 4; chunk sizes 16 … 256 at n = 4,096",
+    about="lessons 11-13: the delta rule, gated delta rule, Kimi Delta Attention, DeltaProduct (n_h = 2) and gated "
+          "linear attention per head and per channel, chunked, looped and the peer's, forward+backward, "
+          "n = 256 … 16,384, h = 4; chunk sizes 16 … 256 at n = 4,096",
     csv="bench_recurrent_cpu.csv",
     parts=(
-        Part(("delta", "gated_delta", "gla", "gla_channel", "fla_delta", "fla_gated_delta"), _powers(256, 16384),
-             "forward+backward"),
-        Part(("delta_loop", "gated_delta_loop", "gla_loop"), _powers(256, 2048), "forward+backward"),
+        Part(("delta", "gated_delta", "gla", "gla_channel", "kda", "delta_product", "fla_delta", "fla_gated_delta"),
+             _powers(256, 16384), "forward+backward"),
+        Part(("fla_kda",), _powers(256, 4096), "forward+backward"),  # the peer's KDA: 20 s a call at 4,096
+        Part(("delta_loop", "gated_delta_loop", "gla_loop", "kda_loop"), _powers(256, 2048), "forward+backward"),
         Part(("delta", "gated_delta", "gla"), (4096,), "forward+backward", chunks=(16, 32, 64, 128, 256)),
         Part(("delta", "gated_delta", "fla_delta", "fla_gated_delta"), _powers(256, 16384)),
     ),
