@@ -2,7 +2,8 @@
 
 import numpy as np
 
-from course_lib.checks import Exercise, Mistake
+from course_lib.checks import Exercise, Mistake, Requirement
+from course_lib.checks._tracing import calls_forbidden, loop_grows
 from course_lib.numpy import delta, gated
 
 
@@ -14,65 +15,102 @@ def _unit(x):
     return x / np.linalg.norm(x, axis=-1, keepdims=True)
 
 
-# --- Exercise 12.1: the WY representation's keys, by induction ---------------------------------
-# P_c ⋯ P_1 = I − Σ_t k_t w_tᵀ = I − Kᵀ W for the delta rule's factors P_t = I − β_t k_t k_tᵀ.
-# The lesson derives the values' recurrence (u_r) and states the matrix form W = T K; the learner
-# derives w_r's own recurrence.
+# --- Exercise 12.1: Gated DeltaNet's W and U — where the decay enters ---------------------------
+# With a decay per head, S_r = a_r (I − β_r k_r k_rᵀ) S_{r−1} + β_r k_r v_rᵀ.  From a chunk's entering
+# state S the values actually written are Ũ = U − W S (Eq. 12.7): the learner derives where e^{G}
+# enters W, U and the triangular system, and builds them without the library's UT transform.
 
-def _wy_reference(k, beta):
-    """W = T K (Eq. 12.6): the library's UT transform applied to the keys."""
-    return delta.ut_transform(k, beta) @ k  # (..., c, d)
+def _strict_decay(G):
+    """exp(G_r − G_t) for t < r, 0 elsewhere: differences masked (−inf) before exp."""
+    c = G.shape[-1]
+    diff = G[..., :, None] - G[..., None, :]  # (..., c, c)
+    return np.exp(np.where(np.tril(np.ones((c, c), bool), -1), diff, -np.inf))
 
 
-def _wy_loop(*, beta_inside=True, recurse=True, sign=-1.0, scale_beta=True):
-    """w_r = β_r (k_r − Σ_{t<r} (k_tᵀ k_r) w_t), with one slip (the defaults: none)."""
+def _gated_wy(*, decay_gram=True, decay_keys=True, decay_values=False, inclusive=True, sign=1.0, with_beta=True):
+    """W, U of one Gated DeltaNet chunk, with one slip (the defaults: none)."""
 
-    def wy(k, beta):
-        w = np.zeros_like(k)
-        for r in range(k.shape[-2]):
-            earlier = w[..., :r, :] if recurse else beta[..., :r, None] * k[..., :r, :]
-            overlap = np.einsum("...td,...d->...t", k[..., :r, :], k[..., r, :])  # k_tᵀ k_r, t < r
-            correction = np.einsum("...t,...td->...d", overlap, earlier)
-            b = beta[..., r, None] if scale_beta else 1.0
-            if beta_inside:
-                w[..., r, :] = b * (k[..., r, :] + sign * correction)
-            else:
-                w[..., r, :] = b * k[..., r, :] + sign * correction
-        return w
+    def wy(k, v, beta, log_decay):
+        G = np.cumsum(log_decay, axis=-1) - (0.0 if inclusive else log_decay)  # (..., c)
+        c = k.shape[-2]
+        with np.errstate(over="ignore"):
+            gamma = _strict_decay(sign * G) if decay_gram else np.tril(np.ones((c, c)), -1)
+        lower = np.eye(c) + beta[..., :, None] * (k @ np.swapaxes(k, -1, -2)) * gamma  # (..., c, c)
+        scale = beta[..., :, None] if with_beta else 1.0
+        decay = np.exp(G)[..., :, None]  # (..., c, 1)
+        W = np.linalg.solve(lower, scale * (decay * k if decay_keys else k))
+        U = np.linalg.solve(lower, scale * (decay * v if decay_values else v))
+        return W, U
     return wy
 
 
+def _gated_wy_reference(k, v, beta, log_decay):
+    """The library's UT transform with the decay (Eq. 12.6 with Γ): W = T (e^G ⊙ K), U = T V."""
+    T = delta.ut_transform(k, beta, log_decay)  # (..., c, c)
+    return T @ (np.exp(np.cumsum(log_decay, axis=-1))[..., :, None] * k), T @ v
+
+
 MISTAKES_12_1 = (
-    Mistake("no-beta", _wy_loop(scale_beta=False),
-            "each factor is P_t = I − β_t k_t k_tᵀ: w_r carries β_r (with β = 1 your answer would be right)."),
-    Mistake("beta-on-the-key-only", _wy_loop(beta_inside=False),
-            "β_r multiplies the whole bracket, k_r − Σ_{t<r} (k_tᵀ k_r) w_t: it comes from P_r = I − β_r k_r k_rᵀ "
-            "acting on everything the earlier factors left, not on k_r alone."),
-    Mistake("first-order-only", _wy_loop(recurse=False),
-            "the correction uses the earlier w_t, not β_t k_t: expanding P_r (I − Σ_{t<r} k_t w_tᵀ) leaves "
-            "k_r k_rᵀ k_t w_tᵀ terms, so w_r depends on every earlier w (a recursion, not one product)."),
-    Mistake("plus-sign", _wy_loop(sign=+1.0),
-            "the correction is subtracted: β_r k_r k_rᵀ (I − Σ_{t<r} k_t w_tᵀ) = β_r k_r (k_r − Σ_{t<r} (k_rᵀ k_t) "
-            "w_t)ᵀ."),
+    Mistake("keys-not-decayed", _gated_wy(decay_keys=False),
+            "key r reads the entering state after it has decayed by e^{G_r} (G_r = Σ_{s≤r} log a_s): the part of Ũ "
+            "that depends on S is T (e^{G} ⊙ K) S, so W = T (e^{G} ⊙ K), not T K."),
+    Mistake("gram-not-decayed", _gated_wy(decay_gram=False),
+            "an earlier write ũ_t has decayed by e^{G_r − G_t} when key r reads it: the entries below the diagonal "
+            "of the triangular system are β_r e^{G_r − G_t} k_rᵀ k_t (the Γ of Eq. 12.2, diagonal excluded), not "
+            "DeltaNet's β_r k_rᵀ k_t."),
+    Mistake("decay-exclusive", _gated_wy(inclusive=False),
+            "a_r decays the state *before* the write at r (S_r = a_r (I − β_r k_r k_rᵀ) S_{r−1} + β_r k_r v_rᵀ): "
+            "G_r = Σ_{s≤r} log a_s includes log a_r — np.cumsum, not the cumulative sum shifted by one."),
+    Mistake("values-decayed", _gated_wy(decay_values=True),
+            "v_r is written at position r and has not decayed yet: U = T V. The decay enters through what the keys "
+            "read — the entering state (W) and the earlier writes (the system's entries) — never the values."),
+    Mistake("decay-reversed", _gated_wy(sign=-1.0),
+            "older writes have decayed more: the factor for t < r is e^{G_r − G_t} ≤ 1 (G falls along the chunk), "
+            "not e^{G_t − G_r} ≥ 1."),
+    Mistake("beta-missing", _gated_wy(with_beta=False),
+            "T = (I + tril(Diag(β) (Γ ⊙ K Kᵀ), −1))⁻¹ Diag(β): both W and U carry β_r on the right-hand side, as "
+            "each write does (β_r k_r (v_r − …)ᵀ)."),
 )
 
 
 def _cases_12_1():
     cases = []
-    for description, seed, shape, beta_range in (
-            ("one chunk of 6 unit keys, d = 4, β in (0, 1)", 121, (6, 4), (0.0, 1.0)),
-            ("one chunk of 16 unit keys, d = 8, β = 1 (pure overwrites)", 122, (16, 8), (1.0, 1.0)),
-            ("one key: w_1 = β_1 k_1", 123, (1, 5), (0.2, 0.9)),
-            ("batched (2, 3) chunks of 9 keys, d = 6", 124, (2, 3, 9, 6), (0.0, 1.0))):
+    for description, seed, lead, c, d, e, rate in (
+            ("one chunk of 6, d = 4, e = 3, log a in (−0.6, −0.2)", 121, (), 6, 4, 3, 0.4),
+            ("a gate of exactly 1 (log a = 0): DeltaNet's W = T K, U = T V", 122, (), 8, 5, 2, 0.0),
+            ("one chunk of 16, d = 8, e = 6, strong decays (log a ≈ −2)", 123, (), 16, 8, 6, 2.0),
+            ("batched (2, 3) chunks of 9, d = 6, e = 4", 124, (2, 3), 9, 6, 4, 0.3)):
         rng = _rng(seed)
-        k = _unit(rng.standard_normal(shape))
-        beta = rng.uniform(*beta_range, size=shape[:-1])
-        cases.append((description, (k, beta), {}))
+        k = _unit(rng.standard_normal((*lead, c, d)))
+        v = rng.standard_normal((*lead, c, e))
+        beta = rng.uniform(0.1, 1.0, (*lead, c))
+        log_decay = -rate * rng.uniform(0.5, 1.5, (*lead, c))
+        cases.append((description, (k, v, beta, log_decay), {}))
     return cases
 
 
-exercise_12_1 = Exercise("12.1", "the WY representation's keys, by induction", _wy_reference, _cases_12_1,
-                         MISTAKES_12_1, names=("W",), atol=1e-9, rtol=1e-7)
+# What Exercise 12.1 asks the learner to build: the library's UT transform and delta rule (either tree), and the
+# check's own reference.  masked_decay (Eq. 12.2, built in §12.1) may be used.
+_FORBIDDEN_12_1 = frozenset({"ut_transform", "delta_rule_attention", "delta_rule_step", "delta_product_attention",
+                             "delta_product_step", "decayed_products", "_forward_substitution", "_chunked", "_loop"})
+
+
+def _wy_calls_no_library(candidate):
+    return calls_forbidden(candidate, _cases_12_1()[0][1], _FORBIDDEN_12_1)
+
+
+REQUIREMENTS_12_1 = (
+    Requirement("calls-the-library", _wy_calls_no_library,
+                "the values are right, but they come from the library's UT transform (or delta rule), the "
+                "computation this exercise asks you to derive. Write the triangular system yourself: L = I + the "
+                "entries below the diagonal, β_r e^{G_r − G_t} k_rᵀ k_t, and solve L X = Diag(β) (…) with "
+                "np.linalg.solve, or substitute forward one position at a time.",
+                _gated_wy_reference),
+)
+
+exercise_12_1 = Exercise("12.1", "Gated DeltaNet's W and U: where the decay enters", _gated_wy_reference,
+                         _cases_12_1, MISTAKES_12_1, names=("W", "U"), atol=1e-9, rtol=1e-7,
+                         requirements=REQUIREMENTS_12_1)
 
 
 # --- Exercise 12.2: find the bug in a chunked decay that overflows ----------------------------
@@ -145,8 +183,104 @@ def _cases_12_2():
     return cases
 
 
+def _decay_case(seed, n, chunk, rate, dtype):
+    """One unbatched case of Exercise 12.2: (q, k, v, log_decay, chunk_size)."""
+    rng = _rng(seed)
+    q, k = (rng.standard_normal((n, 4)) / 2 for _ in range(2))
+    v = rng.standard_normal((n, 3))
+    return tuple(x.astype(dtype) for x in (q, k, v, -rate * rng.uniform(0.5, 1.5, n))) + (chunk,)
+
+
+# What Exercise 12.2 asks the learner to write: the library's gated recurrence and its masked decay (either tree), and
+# the check's own reference.
+_FORBIDDEN_12_2 = frozenset({"gated_linear_attention", "gated_linear_attention_step", "masked_decay", "channel_scores",
+                             "delta_rule_attention", "_chunked", "_loop"})
+
+
+def _decay_calls_no_library(candidate):
+    return calls_forbidden(candidate, _decay_case(225, 12, 4, 0.5, np.float64), _FORBIDDEN_12_2)
+
+
+def _exp_overflows(candidate):
+    """None when no ``np.exp`` inside the answer turns a finite exponent into inf on a float32 case of strong decays."""
+    overflowed, exp = [], np.exp
+
+    def watched_exp(x, *args, **kwargs):
+        with np.errstate(over="ignore"):
+            result = exp(x, *args, **kwargs)
+        if np.any(np.isinf(result) & np.isfinite(x)):
+            overflowed.append(float(np.max(np.where(np.isfinite(x), x, -np.inf))))
+        return result
+
+    np.exp = watched_exp
+    try:
+        candidate(*_decay_case(226, 128, 64, 3.0, np.float32))
+    finally:
+        np.exp = exp
+    if not overflowed:
+        return None
+    return (f"on 128 float32 tokens in chunks of 64 with log a ≈ −3, np.exp overflowed inside your function (an "
+            f"exponent of {overflowed[0]:.4g}, above 88.72).")
+
+
+def _chunks_formed(candidate):
+    """None when one chunk of 64 tokens costs the answer as much Python work as one chunk of 8 (no loop over tokens)."""
+    grows = loop_grows(candidate, _decay_case(227, 8, 8, 0.5, np.float64), _decay_case(227, 64, 64, 0.5, np.float64))
+    if grows is None:
+        return None
+    return (f"with the whole sequence as one chunk (chunk_size = n), your function ran {grows[1]} lines and calls of "
+            f"Python code for n = 64 and {grows[0]} for n = 8: it loops over tokens, or ignores chunk_size.")
+
+
+def _decay_by_library(q, k, v, log_decay, chunk_size):
+    return gated.gated_linear_attention(q, k, v, log_decay, chunk_size=chunk_size)
+
+
+def _exp_then_where(q, k, v, log_decay, chunk_size):
+    """The right values from exp of every difference, then np.where: inf above the diagonal, discarded."""
+    n, d, e = q.shape[-2], q.shape[-1], v.shape[-1]
+    out, state = np.zeros(q.shape[:-1] + (e,), np.result_type(q, v)), np.zeros(q.shape[:-2] + (d, e))
+    for start in range(0, n, chunk_size):
+        part = slice(start, min(start + chunk_size, n))
+        qc, kc, vc, G = q[..., part, :], k[..., part, :], v[..., part, :], np.cumsum(log_decay[..., part], axis=-1)
+        below = np.tril(np.ones((G.shape[-1], G.shape[-1]), bool))
+        Gamma = np.where(below, np.exp(G[..., :, None] - G[..., None, :]), 0.0)  # exp first: overflows above
+        out[..., part, :] = np.exp(G)[..., None] * (qc @ state) + ((qc @ np.swapaxes(kc, -1, -2)) * Gamma) @ vc
+        last = G[..., -1:]
+        state = np.exp(last)[..., None] * state + np.swapaxes(kc * np.exp(last - G)[..., None], -1, -2) @ vc
+    return out
+
+
+def _token_loop(q, k, v, log_decay, chunk_size):
+    """The right values from the recurrence, one token at a time: chunk_size ignored."""
+    state = np.zeros(q.shape[:-2] + (q.shape[-1], v.shape[-1]))
+    out = np.zeros(q.shape[:-1] + v.shape[-1:], np.result_type(q, v))
+    for t in range(q.shape[-2]):
+        state = np.exp(log_decay[..., t])[..., None, None] * state + k[..., t, :, None] * v[..., t, None, :]
+        out[..., t, :] = np.einsum("...d,...de->...e", q[..., t, :], state)
+    return out
+
+
+REQUIREMENTS_12_2 = (
+    Requirement("calls-the-library", _decay_calls_no_library,
+                "the values are right, but they come from the library's gated linear attention (or its masked_decay), "
+                "the computation this exercise asks you to write. Fix the starting point's exponent instead.",
+                _decay_by_library),
+    Requirement("exp-then-where", _exp_overflows,
+                "the values are right, but exp overflows before np.where discards the result: §12.2 ('Masking after "
+                "exp is not enough') — in a model the backward pass multiplies the discarded branch's gradient, 0, "
+                "by inf and every parameter gets NaN. Mask the exponent first (−inf above the diagonal), then exp: "
+                "every exponent that reaches exp is ≤ 0.",
+                _exp_then_where),
+    Requirement("never-forms-a-chunk", _chunks_formed,
+                "the values are right, but your function never forms a chunk: it steps through the tokens (or uses "
+                "a chunk size of its own). Eqs. (12.1)-(12.3) take chunk_size tokens at a time: one c × c product "
+                "inside a chunk, one state update between chunks (§12.1).",
+                _token_loop),
+)
+
 exercise_12_2 = Exercise("12.2", "find the bug in a chunked decay that overflows", _decay_reference, _cases_12_2,
-                         MISTAKES_12_2, names=("output",), atol=1e-4, rtol=1e-4)
+                         MISTAKES_12_2, names=("output",), atol=1e-4, rtol=1e-4, requirements=REQUIREMENTS_12_2)
 
 
 # --- Exercise 12.3: the chunked delta rule's FLOPs, then which chunk is fastest ---------------
@@ -154,9 +288,10 @@ exercise_12_2 = Exercise("12.2", "find the bug in a chunked decay that overflows
 # chunks of c: K Kᵀ and Q Kᵀ (c² d each), the triangular solve for W and U (half of a c × c by
 # c × (d + e) product), W S, Q S and Kᵀ Ũ (c d e each), and the scores times Ũ (c² e).
 
-def _flops(n, c, d, e, *, solve=0.5, state=True, gram=True, per_chunk=True, per_flop=2):
+def _flops(n, c, d, e, *, solve=0.5, state=True, gram=True, per_chunk=True, per_flop=2, inverse=False):
     chunks = n / c if per_chunk else 1
-    products = c * c * d * (2 if gram else 1) + solve * c * c * (d + e) + c * c * e + (3 * c * d * e if state else 0)
+    solve_work = c**3 + c * c * (d + e) if inverse else solve * c * c * (d + e)  # inverse: c³, then T [K V] in full
+    products = c * c * d * (2 if gram else 1) + solve_work + c * c * e + (3 * c * d * e if state else 0)
     return float(per_flop * chunks * products)
 
 
@@ -168,6 +303,10 @@ MISTAKES_12_3 = (
     Mistake("solve-forgotten", lambda n, c, d, e: _flops(n, c, d, e, solve=0.0),
             "the UT transform costs a triangular solve per chunk: (I + tril(...))⁻¹ applied to c × (d + e) right-hand "
             "sides, half of a c × c product because the matrix is triangular."),
+    Mistake("explicit-inverse", lambda n, c, d, e: _flops(n, c, d, e, inverse=True),
+            "the UT transform never forms the inverse: forward substitution applies (I + tril(...))⁻¹ to the "
+            "c × (d + e) right-hand sides directly, half of a c × c by c × (d + e) product. An explicit inverse "
+            "(about c³ multiply-adds) followed by full products T K and T V counts work the chunked form never does."),
     Mistake("solve-counted-in-full", lambda n, c, d, e: _flops(n, c, d, e, solve=1.0),
             "the matrix is lower triangular: forward substitution does half of a full c × c product's multiply-adds."),
     Mistake("state-products-forgotten", lambda n, c, d, e: _flops(n, c, d, e, state=False),
