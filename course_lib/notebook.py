@@ -26,6 +26,7 @@ LESSONS = {
     "10_linearizing": "10 · Linearizing a pretrained transformer: distilling softmax into linear attention",
     "11_state_capacity": "11 · What a fixed state remembers",
     "12_chunkwise_gating_delta": "12 · Chunkwise-parallel gating and the delta rule",
+    "13_state_tracking": "13 · What a state can compute",
 }
 
 

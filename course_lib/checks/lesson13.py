@@ -1,0 +1,271 @@
+"""Checks for the lesson 13 exercises (what a state can compute).
+
+A construction exercise returns the inputs of one head (keys, values, β, …); the check runs them through
+the library's recurrence and compares what the head *computes* — the answers it tracks at every position —
+with the task's answers, so any right construction passes, not only the reference's.
+"""
+
+import dataclasses
+
+import numpy as np
+
+from course_lib.checks import Exercise, Mistake, run_check
+from course_lib.numpy import delta
+
+UNREADABLE = -1  # an answer the read-out cannot tell (an output near 0, or a transition that tracks no count)
+
+
+def _rng(seed):
+    return np.random.default_rng(seed)
+
+
+@dataclasses.dataclass
+class _Construction(Exercise):
+    """An exercise whose answer is a construction: ``run`` turns a construction into what it computes.
+
+    The reference construction, the learner's and each mistake are all run through the library by ``run``
+    before the comparison, so any right construction passes.
+    """
+
+    run: object = None
+
+    def __call__(self, candidate, *, verbose=True):
+        mistakes = tuple(Mistake(m.name, self.run(m.fn), m.hint) for m in self.mistakes)
+        return run_check(self.number, self.run(candidate), self.run(self.reference), self.cases(), names=self.names,
+                         mistakes=mistakes, atol=self.atol, rtol=self.rtol, verbose=verbose)
+
+
+# --- Exercise 13.1: one head that computes parity, from the empty state ------------------------
+# The lesson starts its state at e₁e₁ᵀ (initial_state); here the state starts at zero, so the first
+# token must also write.  The head's answer at t is read from o_t[0]: even above 0.25, odd below −0.25.
+
+def _parity_head_reference(bits):
+    """d = e = 1: token 1 writes ±1 (β = 1 overwrites the empty state), every later 1-bit reflects (β = 2)."""
+    bits = np.asarray(bits)
+    k = np.ones((*bits.shape, 1))  # (..., n, 1): one fixed unit key
+    q = np.ones((*bits.shape, 1))
+    v = np.zeros((*bits.shape, 1))
+    beta = 2.0 * bits.astype(float)  # a reflection at every 1-bit, the identity at every 0-bit
+    v[..., 0, 0] = 1.0 - 2.0 * bits[..., 0]  # the first token writes +1 (even) or −1 (odd) ...
+    beta[..., 0] = 1.0  # ... by overwriting the empty state (β = 1: S ← S + k (v − kᵀS))
+    return q, k, v, beta
+
+
+def _run_parity(construction):
+    """What a parity construction computes: the library's chunked float32 delta rule, read out at every position."""
+
+    def computed(bits):
+        q, k, v, beta = (np.asarray(x, np.float32) for x in construction(bits))
+        spoilt = np.zeros(beta.shape, np.float32)  # (..., n): a non-finite input at a position, shown there
+        for x in (q, k, v, beta[..., None]):
+            spoilt = spoilt + np.where(np.isfinite(x), 0, x).sum(axis=-1)
+        q, k, v, beta = (np.where(np.isfinite(x), x, 0) for x in (q, k, v, beta))  # the library refuses NaN and inf
+        out = delta.delta_rule_attention(q, k, v, beta)  # the default call: chunked, from the empty state
+        first = out[..., 0]  # (..., n)
+        read = np.where(first > 0.25, 0.0, np.where(first < -0.25, 1.0, UNREADABLE))
+        return np.where(np.isfinite(spoilt), read, spoilt)
+    return computed
+
+
+def _parity_slip(*, first_beta=1.0, beta_one=2.0, beta_zero=0.0, value=0.0, first_write=True):
+    def head(bits):
+        q, k, v, beta = _parity_head_reference(bits)
+        bits = np.asarray(bits)
+        beta = beta_one * bits + beta_zero * (1 - bits)
+        v = np.full(v.shape, value)
+        if first_write:
+            v[..., 0, 0] = 1.0 - 2.0 * bits[..., 0]
+            beta[..., 0] = first_beta
+        return q, k, v, beta
+    return head
+
+
+MISTAKES_13_1 = (
+    Mistake("empty-state", _parity_slip(first_write=False),
+            "the state starts at zero, and a reflection of zero is zero: every output is 0. Let the first token "
+            "write ±1 (β = 1, v = ±1), then reflect at every later 1-bit."),
+    Mistake("beta-one", _parity_slip(beta_one=1.0),
+            "β = 1 is a projection, not a reflection: I − k kᵀ has the eigenvalue 0 along k, so a 1-bit erases "
+            "the state instead of flipping its sign. β = 2 gives the eigenvalue −1."),
+    Mistake("every-token-reflects", _parity_slip(beta_zero=2.0),
+            "a 0-bit must leave the state alone (β = 0: the identity); reflecting at every token counts the "
+            "length's parity, not the 1s'."),
+    Mistake("writes-a-value", _parity_slip(value=1.0),
+            "a reflection must write nothing: with v ≠ 0 the update adds β k vᵀ and the state drifts "
+            "(S ← −S + 2v), so it stops flipping. Use v = 0 after the first token."),
+)
+
+
+def _cases_13_1():
+    cases = []
+    for description, seed, shape in (("n = 1,000 random bits", 131, (1000,)),
+                                     ("n = 1,000, first bit 1", 132, (1000,)),
+                                     ("a batch of 3 sequences of 1,000 bits", 133, (3, 1000))):
+        bits = _rng(seed).integers(0, 2, size=shape)
+        if "first bit 1" in description:
+            bits[0] = 1
+        cases.append((description, (bits,), {}))
+    return cases
+
+
+exercise_13_1 = _Construction("13.1", "one head that computes parity, from the empty state",
+                              _parity_head_reference, _cases_13_1, MISTAKES_13_1, names=("parity at every position",),
+                              atol=0, rtol=0, run=_run_parity)
+
+
+# --- Exercise 13.2: the fewest reflections a token that count mod m ----------------------------
+# A 2-dimensional state, DeltaProduct with n_h steps a token: token 1 applies the learner's n_h
+# generalised Householder matrices, token 0 the identity (β = 0).  The state after c ones is M^c, with
+# M the product; the check decodes each position's count as the nearest M^j, j < m.
+
+def _cyclic_reference(m):
+    """m = 2: one reflection (order 2). m ≥ 3: two reflections whose mirrors are π/m apart (a rotation by 2π/m)."""
+    if m == 2:
+        return np.array([[1.0, 0.0]]), np.array([2.0])
+    angles = np.array([0.0, np.pi / m])
+    return np.stack([np.cos(angles), np.sin(angles)], axis=-1), np.array([2.0, 2.0])  # (2, 2), (2,)
+
+
+def _transition(keys, beta):
+    """The product (I − β_{n_h} k k ᵀ) ⋯ (I − β_1 k kᵀ) of one token's steps, the first step applied first."""
+    M = np.eye(keys.shape[-1])
+    for k, b in zip(keys, beta, strict=True):
+        M = (np.eye(len(k)) - b * np.outer(k, k)) @ M
+    return M
+
+
+def _run_cyclic(construction):
+    """``(n_h, counts)``: the construction's steps a token and the counts mod m it tracks on 1,000 random bits."""
+
+    def computed(m):
+        keys, beta = (np.asarray(x, np.float64) for x in construction(m))
+        if keys.ndim != 2 or beta.shape != keys.shape[:1]:
+            raise ValueError(f"expected keys (n_h, d) and beta (n_h,), got {keys.shape} and {beta.shape}")
+        n_h, d = keys.shape
+        bits = _rng(140 + m).integers(0, 2, size=300)
+        steps = np.concatenate([keys.ravel(), beta])
+        if not np.isfinite(steps).all():  # no transition to run: report the first non-finite value in place of n_h
+            return np.array(steps[~np.isfinite(steps)][0]), np.full(len(bits), UNREADABLE)
+        n = len(bits)
+        steps_k = np.broadcast_to(keys, (n, n_h, d)).reshape(n * n_h, d)  # token 1's steps at every token ...
+        steps_b = (bits[:, None] * beta[None, :]).reshape(n * n_h)  # ... with β = 0 (the identity) at token 0
+        rows = np.broadcast_to(np.eye(d)[:, None, :], (d, n, d))  # (d, n, d): query e_i reads row i of S_t
+        k_all, b_all = np.broadcast_to(steps_k, (d, n * n_h, d)), np.broadcast_to(steps_b, (d, n * n_h))
+        out = delta.delta_product_attention(rows.astype(np.float32), k_all.astype(np.float32),
+                                            np.zeros((d, n * n_h, d), np.float32), b_all.astype(np.float32),
+                                            n_householder=n_h, initial_state=np.eye(d, dtype=np.float32))
+        states = np.swapaxes(out, 0, 1)  # (n, d, d): S_t, the library's chunked float32 recurrence
+        M = _transition(keys, beta)
+        powers = np.stack([np.linalg.matrix_power(M, j) for j in range(m)])  # (m, d, d)
+        faithful = np.allclose(np.linalg.matrix_power(M, m), np.eye(d), atol=1e-6) and all(
+            np.abs(powers[i] - powers[j]).max() > 0.1 for i in range(m) for j in range(i))
+        if not faithful:  # M^m ≠ I, or two counts share a state: no read-out can tell the counts apart
+            return np.array(float(n_h)), np.full(n, UNREADABLE)
+        gaps = np.abs(states[:, None] - powers[None]).max(axis=(-1, -2))  # (n, m)
+        counts = gaps.argmin(axis=1)
+        return np.array(float(n_h)), counts
+    return computed
+
+
+def _one_reflection(m):
+    angle = np.pi / m
+    return np.array([[np.cos(angle), np.sin(angle)]]), np.array([2.0])
+
+
+def _full_angle(m):
+    angles = np.array([0.0, 2 * np.pi / m])
+    return np.stack([np.cos(angles), np.sin(angles)], axis=-1), np.array([2.0, 2.0])
+
+
+def _projections(m):
+    keys, _ = _cyclic_reference(max(m, 3))
+    return keys, np.array([1.0, 1.0])
+
+
+def _padded(m):
+    keys, beta = _cyclic_reference(m)
+    return np.concatenate([keys, [[1.0, 0.0]]]), np.concatenate([beta, [0.0]])  # a third step that does nothing
+
+
+MISTAKES_13_2 = (
+    Mistake("one-reflection", _one_reflection,
+            "one reflection is its own inverse (H² = I): it tracks a count mod 2 at most. A rotation by 2π/m with "
+            "m ≥ 3 has the eigenvalues e^{±2πi/m}, not real, and a reflection's are real: it takes two."),
+    Mistake("mirrors-at-the-full-angle", _full_angle,
+            "two reflections whose mirrors are φ apart rotate by 2φ: mirrors 2π/m apart rotate by 4π/m, which "
+            "for an even m comes back to the start after m/2 ones. Put the mirrors π/m apart."),
+    Mistake("projections", _projections,
+            "β = 1 makes each step a projection (eigenvalue 0 along k): the state collapses. Reflections need "
+            "β = 2."),
+    Mistake("not-the-fewest", _padded,
+            "your steps track the count, but a step with β = 0 does nothing: drop it. The fewest steps a "
+            "token: 1 for m = 2, 2 for every m ≥ 3."),
+)
+
+
+def _cases_13_2():
+    return [(f"m = {m}, 300 random bits", (m,), {}) for m in (3, 2, 5, 6)]
+
+
+exercise_13_2 = _Construction("13.2", "the fewest reflections a token that count mod m",
+                              _cyclic_reference, _cases_13_2, MISTAKES_13_2,
+                              names=("n_h", "count mod m at every position"), atol=0, rtol=0, run=_run_cyclic)
+
+
+# --- Exercise 13.3: which transitions can track parity -----------------------------------------
+# For each family, the learner answers whether a one-layer recurrence of that family can track parity
+# at any length, and the most negative real part an eigenvalue of its transition can reach.
+
+FAMILIES = ("linear attention (S ← S + k vᵀ)", "decay or gate, a ∈ (0, 1] (RetNet, Mamba-2, GLA)",
+            "delta rule, β ∈ [0, 1] (DeltaNet)", "gated delta rule, β ∈ [0, 1] (Gated DeltaNet)",
+            "DeltaProduct, n_h = 2, β ∈ [0, 1]", "delta rule, β ∈ [0, 2]",
+            "complex diagonal, e^{iθ} (Mamba-3's rotary state)")
+_ANSWERS = dict(zip(FAMILIES, ((False, 1.0), (False, 0.0), (False, 0.0), (False, 0.0), (False, 0.0), (True, -1.0),
+                               (True, -1.0)), strict=True))
+
+
+def _families_reference(family):
+    """``(can_track, lowest)``: can it track parity, and the lowest real part of an eigenvalue it can reach."""
+    can, lowest = _ANSWERS[family]
+    return np.array(can), np.array(lowest)
+
+
+def _families_slip(wrong):
+    def answer(family):
+        can, lowest = _ANSWERS[family]
+        key = FAMILIES.index(family)
+        return (np.array(wrong[key][0]), np.array(wrong[key][1])) if key in wrong else (np.array(can),
+                                                                                        np.array(lowest))
+    return answer
+
+
+MISTAKES_13_3 = (
+    Mistake("a-gate-can-flip", _families_slip({1: (True, 0.0)}),
+            "a decay a ∈ (0, 1] only shrinks the state: its eigenvalues are real and ≥ 0, so on a run of 1s the "
+            "state converges instead of alternating. Gates forget; they do not flip signs."),
+    Mistake("a-decay-reaches-minus-one", _families_slip({1: (True, -1.0)}),
+            "a = exp(log a) with log a ≤ 0 lies in (0, 1]: no decay is negative."),
+    Mistake("products-of-projections-flip", _families_slip({4: (True, -1.0)}),
+            "with β ∈ [0, 1] each factor I − β k kᵀ is symmetric with eigenvalues in [0, 1] (positive "
+            "semi-definite), and a product of two such matrices has real eigenvalues ≥ 0: more steps a token "
+            "make rotations possible only with β above 1."),
+    Mistake("negative-is-unstable", _families_slip({5: (False, -1.0)}),
+            "β = 2 with a unit key gives the eigenvalue 1 − β = −1: a reflection, norm-preserving and stable "
+            "(|λ| ≤ 1 for every β in [0, 2]). It flips the sign at every 1-bit: parity."),
+    Mistake("rotation-cannot-flip", _families_slip({6: (False, 1.0)}),
+            "e^{iθ} with θ = π is −1: a rotation by half a turn flips the sign (Mamba-3's complex state tracks "
+            "parity, and counts mod m with θ = 2π/m)."),
+    Mistake("linear-attention-lowest-zero", _families_slip({0: (False, 0.0)}),
+            "linear attention's transition is the identity: every eigenvalue is 1 (it only adds)."),
+)
+
+
+def _cases_13_3():
+    return [(family, (family,), {}) for family in FAMILIES]
+
+
+exercise_13_3 = Exercise("13.3", "which transitions can track parity", _families_reference, _cases_13_3,
+                         MISTAKES_13_3, names=("can track parity", "lowest real part of an eigenvalue"), atol=1e-9,
+                         rtol=0)
+
+EXERCISES = [exercise_13_1, exercise_13_2, exercise_13_3]
