@@ -74,11 +74,31 @@ def _same(got, expected, atol, rtol):
     got, expected = _as_tuple(got), _as_tuple(expected)
     if len(got) != len(expected):
         return False
-    for g, e in zip(got, expected, strict=True):
-        g, e = to_numpy(g), to_numpy(e)
-        if g.shape != e.shape or not np.allclose(g, e, atol=atol, rtol=rtol, equal_nan=True):
-            return False
+    try:  # a string or an object cannot be compared: not the same (run_check reports it first)
+        for g, e in zip(got, expected, strict=True):
+            g, e = to_numpy(g), to_numpy(e)
+            if g.shape != e.shape or not np.allclose(g, e, atol=atol, rtol=rtol, equal_nan=True):
+                return False
+    except (TypeError, ValueError):
+        return False
     return True
+
+
+def _numeric(x):
+    return np.issubdtype(x.dtype, np.number) or x.dtype == bool
+
+
+def _not_numbers(got, expected):
+    """The first result the library gives as numbers that came back as something else (a string), or None."""
+    got, expected = _as_tuple(got), _as_tuple(expected)
+    for g, e in zip(got, expected, strict=False):
+        try:
+            g, e = to_numpy(g), to_numpy(e)
+        except Exception:  # e.g. a ragged list
+            return repr(g)[:40]
+        if _numeric(e) and not _numeric(g):
+            return repr(g.tolist())[:40]
+    return None
 
 
 def _describe(x):
@@ -205,6 +225,11 @@ def run_check(exercise, candidate, reference, cases, *, names=("result",), mista
             if passed_ndim and _ndim(args) > passed_ndim:
                 message += f"\n  hint: {BATCHED_HINT}"
             result = CheckResult(exercise, FAILED, message)
+            break
+        wrong_type = _not_numbers(got, expected)
+        if wrong_type is not None:
+            result = CheckResult(exercise, FAILED, f"  case '{description}' returned {wrong_type}: the function "
+                                 "must return numbers (True/False or a float), not strings.")
             break
         if _same(got, expected, atol, rtol):
             passed_ndim = max(passed_ndim, _ndim(args))

@@ -5,6 +5,7 @@ the library's recurrence and compares what the head *computes* — the answers i
 with the task's answers, so any right construction passes, not only the reference's.
 """
 
+import copy
 import dataclasses
 
 import numpy as np
@@ -13,6 +14,7 @@ from course_lib.checks import Exercise, Mistake, run_check
 from course_lib.numpy import delta
 
 UNREADABLE = -1  # an answer the read-out cannot tell (an output near 0, or a transition that tracks no count)
+NOT_LOCAL = -2  # 13.1: a head whose inputs at one position depend on the bits at other positions
 
 
 def _rng(seed):
@@ -29,8 +31,21 @@ class _Construction(Exercise):
 
     run: object = None
 
+    def _wrong(self, mistake, candidate):
+        """What the mistake computes; for a slip recognised by its inputs (``fn.shows``), the learner's own
+        result when the learner's construction shows that slip."""
+        shows = getattr(mistake.fn, "shows", None)
+        if shows is None:
+            return self.run(mistake.fn)
+
+        def wrong(*args):
+            if not shows(candidate(*copy.deepcopy(args))):
+                raise ValueError("not this slip")  # run_check skips a mistake that raises
+            return self.run(candidate)(*args)
+        return wrong
+
     def __call__(self, candidate, *, verbose=True):
-        mistakes = tuple(Mistake(m.name, self.run(m.fn), m.hint) for m in self.mistakes)
+        mistakes = tuple(Mistake(m.name, self._wrong(m, candidate), m.hint) for m in self.mistakes)
         return run_check(self.number, self.run(candidate), self.run(self.reference), self.cases(), names=self.names,
                          mistakes=mistakes, atol=self.atol, rtol=self.rtol, verbose=verbose)
 
@@ -51,11 +66,37 @@ def _parity_head_reference(bits):
     return q, k, v, beta
 
 
+def _is_local(construction, bits, inputs):
+    """True when flipping bit j leaves (q, k, v, β) unchanged at every t ≠ j (checked at j = 0 and j = n/2).
+
+    A head is a recurrence: token t's inputs may depend on token t alone.  Without this rule a head fed the
+    answer (v_t = ±1 from the parity computed in Python, or the parity put into q) would pass.
+    """
+    bits = np.asarray(bits)
+    n = bits.shape[-1]
+    for j in sorted({0, n // 2}):
+        flipped = bits.copy()
+        flipped[..., j] = 1 - flipped[..., j]
+        other = [np.asarray(x, np.float64) for x in construction(flipped)]
+        keep = np.arange(n) != j
+        for x, y in zip(inputs, other, strict=True):
+            if x.shape != y.shape:
+                return False
+            if x.ndim >= bits.ndim:  # the position axis first: β is (..., n), q, k and v are (..., n, d)
+                x, y = (np.moveaxis(z, bits.ndim - 1, 0) for z in (x, y))
+                if not np.array_equal(x[keep], y[keep], equal_nan=True):
+                    return False
+    return True
+
+
 def _run_parity(construction):
     """What a parity construction computes: the library's chunked float32 delta rule, read out at every position."""
 
     def computed(bits):
-        q, k, v, beta = (np.asarray(x, np.float32) for x in construction(bits))
+        inputs = [np.asarray(x, np.float64) for x in construction(np.array(bits, copy=True))]
+        if not _is_local(construction, bits, inputs):
+            return np.full(np.shape(bits), float(NOT_LOCAL))
+        q, k, v, beta = (np.asarray(x, np.float32) for x in inputs)
         spoilt = np.zeros(beta.shape, np.float32)  # (..., n): a non-finite input at a position, shown there
         for x in (q, k, v, beta[..., None]):
             spoilt = spoilt + np.where(np.isfinite(x), 0, x).sum(axis=-1)
@@ -80,10 +121,18 @@ def _parity_slip(*, first_beta=1.0, beta_one=2.0, beta_zero=0.0, value=0.0, firs
     return head
 
 
+def _parity_from_the_answer(bits):
+    """The loophole the locality rule closes: β = 1 everywhere, overwriting with v = ±1 from the true parity."""
+    bits = np.asarray(bits)
+    ones = np.ones((*bits.shape, 1))
+    parity = np.cumsum(bits, axis=-1) % 2
+    return ones, ones, (1.0 - 2.0 * parity)[..., None], np.ones(bits.shape)
+
+
 MISTAKES_13_1 = (
     Mistake("empty-state", _parity_slip(first_write=False),
-            "the state starts at zero, and a reflection of zero is zero: every output is 0. Let the first token "
-            "write ±1 (β = 1, v = ±1), then reflect at every later 1-bit."),
+            "the state starts at zero, and a reflection of zero is zero: every output is 0. Something must be "
+            "written before the first reflection."),
     Mistake("beta-one", _parity_slip(beta_one=1.0),
             "β = 1 is a projection, not a reflection: I − k kᵀ has the eigenvalue 0 along k, so a 1-bit erases "
             "the state instead of flipping its sign. β = 2 gives the eigenvalue −1."),
@@ -93,6 +142,10 @@ MISTAKES_13_1 = (
     Mistake("writes-a-value", _parity_slip(value=1.0),
             "a reflection must write nothing: with v ≠ 0 the update adds β k vᵀ and the state drifts "
             "(S ← −S + 2v), so it stops flipping. Use v = 0 after the first token."),
+    Mistake("reads-the-answer", _parity_from_the_answer,
+            "−2 means: flipping one bit j changed your q, k, v or β at another position t ≠ j. A head sees one "
+            "token at a time: its inputs at t may depend on bit t only, so the parity must come from the "
+            "recurrence, not from Python (no cumsum, no parity of the prefix)."),
 )
 
 
@@ -109,8 +162,8 @@ def _cases_13_1():
 
 
 exercise_13_1 = _Construction("13.1", "one head that computes parity, from the empty state",
-                              _parity_head_reference, _cases_13_1, MISTAKES_13_1, names=("parity at every position",),
-                              atol=0, rtol=0, run=_run_parity)
+                              _parity_head_reference, _cases_13_1, MISTAKES_13_1,
+                              names=("parity (−1: unreadable, |o| < 0.25)",), atol=0, rtol=0, run=_run_parity)
 
 
 # --- Exercise 13.2: the fewest reflections a token that count mod m ----------------------------
@@ -134,8 +187,17 @@ def _transition(keys, beta):
     return M
 
 
+def _diagnostic(M):
+    """``[spectral radius, order]`` of a token's transition M: the order is the least j ≤ 12 with Mʲ = I, else 0."""
+    radius = float(np.abs(np.linalg.eigvals(M)).max())
+    order = next((j for j in range(1, 13) if np.allclose(np.linalg.matrix_power(M, j), np.eye(len(M)), atol=1e-6)),
+                 0)
+    return np.array([round(radius, 2), float(order)])
+
+
 def _run_cyclic(construction):
-    """``(n_h, counts)``: the construction's steps a token and the counts mod m it tracks on 1,000 random bits."""
+    """``(n_h, counts, [spectral radius, order])``: the construction's steps a token, the counts mod m it tracks
+    on 300 random bits, and its transition's spectral radius and order (a count mod m needs radius 1, order m)."""
 
     def computed(m):
         keys, beta = (np.asarray(x, np.float64) for x in construction(m))
@@ -145,7 +207,7 @@ def _run_cyclic(construction):
         bits = _rng(140 + m).integers(0, 2, size=300)
         steps = np.concatenate([keys.ravel(), beta])
         if not np.isfinite(steps).all():  # no transition to run: report the first non-finite value in place of n_h
-            return np.array(steps[~np.isfinite(steps)][0]), np.full(len(bits), UNREADABLE)
+            return np.array(steps[~np.isfinite(steps)][0]), np.full(len(bits), UNREADABLE), np.full(2, np.nan)
         n = len(bits)
         steps_k = np.broadcast_to(keys, (n, n_h, d)).reshape(n * n_h, d)  # token 1's steps at every token ...
         steps_b = (bits[:, None] * beta[None, :]).reshape(n * n_h)  # ... with β = 0 (the identity) at token 0
@@ -160,10 +222,10 @@ def _run_cyclic(construction):
         faithful = np.allclose(np.linalg.matrix_power(M, m), np.eye(d), atol=1e-6) and all(
             np.abs(powers[i] - powers[j]).max() > 0.1 for i in range(m) for j in range(i))
         if not faithful:  # M^m ≠ I, or two counts share a state: no read-out can tell the counts apart
-            return np.array(float(n_h)), np.full(n, UNREADABLE)
+            return np.array(float(n_h)), np.full(n, UNREADABLE), _diagnostic(M)
         gaps = np.abs(states[:, None] - powers[None]).max(axis=(-1, -2))  # (n, m)
         counts = gaps.argmin(axis=1)
-        return np.array(float(n_h)), counts
+        return np.array(float(n_h)), counts, _diagnostic(M)
     return computed
 
 
@@ -182,6 +244,18 @@ def _projections(m):
     return keys, np.array([1.0, 1.0])
 
 
+_projections.shows = lambda construction: np.allclose(np.asarray(construction[1], float), 1.0, atol=0.05)
+
+
+def _degrees(m):
+    """Mirrors 180/m apart, in degrees where radians are meant: any failure no other slip explains."""
+    angles = np.array([0.0, 180.0 / m])
+    return np.stack([np.cos(angles), np.sin(angles)], axis=-1), np.array([2.0, 2.0])
+
+
+_degrees.shows = lambda construction: True  # the last resort: the diagnostic above says what the transition does
+
+
 def _padded(m):
     keys, beta = _cyclic_reference(m)
     return np.concatenate([keys, [[1.0, 0.0]]]), np.concatenate([beta, [0.0]])  # a third step that does nothing
@@ -198,8 +272,12 @@ MISTAKES_13_2 = (
             "β = 1 makes each step a projection (eigenvalue 0 along k): the state collapses. Reflections need "
             "β = 2."),
     Mistake("not-the-fewest", _padded,
-            "your steps track the count, but a step with β = 0 does nothing: drop it. The fewest steps a "
-            "token: 1 for m = 2, 2 for every m ≥ 3."),
+            "your steps track the count, but fewer steps do: for m = 2 one reflection has order 2. The fewest "
+            "steps a token: 1 for m = 2, 2 for every m ≥ 3."),
+    Mistake("not-order-m", _degrees,
+            "the transition printed above needs spectral radius 1 and order m (Mᵐ = I, no smaller power): unit "
+            "keys (a reflection needs kᵀk = 1, keys as the rows of an (n_h, d) array), β = 2, and mirrors π/m "
+            "apart in radians."),
 )
 
 
@@ -209,7 +287,9 @@ def _cases_13_2():
 
 exercise_13_2 = _Construction("13.2", "the fewest reflections a token that count mod m",
                               _cyclic_reference, _cases_13_2, MISTAKES_13_2,
-                              names=("n_h", "count mod m at every position"), atol=0, rtol=0, run=_run_cyclic)
+                              names=("n_h", "count mod m at every position",
+                                     "the transition: [spectral radius, order (0: none ≤ 12)]"),
+                              atol=0, rtol=0, run=_run_cyclic)
 
 
 # --- Exercise 13.3: which transitions can track parity -----------------------------------------
@@ -219,9 +299,9 @@ exercise_13_2 = _Construction("13.2", "the fewest reflections a token that count
 FAMILIES = ("linear attention (S ← S + k vᵀ)", "decay or gate, a ∈ (0, 1] (RetNet, Mamba-2, GLA)",
             "delta rule, β ∈ [0, 1] (DeltaNet)", "gated delta rule, β ∈ [0, 1] (Gated DeltaNet)",
             "DeltaProduct, n_h = 2, β ∈ [0, 1]", "delta rule, β ∈ [0, 2]",
-            "complex diagonal, e^{iθ} (Mamba-3's rotary state)")
+            "complex diagonal, e^{iθ} (Mamba-3's rotary state)", "complex diagonal, e^{iθ} with θ ∈ [0, π/3]")
 _ANSWERS = dict(zip(FAMILIES, ((False, 1.0), (False, 0.0), (False, 0.0), (False, 0.0), (False, 0.0), (True, -1.0),
-                               (True, -1.0)), strict=True))
+                               (True, -1.0), (True, 0.5)), strict=True))
 
 
 def _families_reference(family):
@@ -257,6 +337,20 @@ MISTAKES_13_3 = (
             "parity, and counts mod m with θ = 2π/m)."),
     Mistake("linear-attention-lowest-zero", _families_slip({0: (False, 0.0)}),
             "linear attention's transition is the identity: every eigenvalue is 1 (it only adds)."),
+    Mistake("rotation-stays-right-of-zero", _families_slip({6: (True, 0.0)}),
+            "e^{iθ} has real part cos θ, and θ may be any angle: θ = π gives −1."),
+    Mistake("products-of-projections-track", _families_slip({4: (True, 0.0)}),
+            "with β ∈ [0, 1] a product of two steps I − β k kᵀ has real eigenvalues in [0, 1]: on a run of 1s "
+            "the state still settles, whatever the number of steps."),
+    Mistake("delta-lowest-minus-two", _families_slip({5: (True, -2.0)}),
+            "the eigenvalue along a unit key is 1 − β, not 1 − 2β: with β ≤ 2 it reaches −1, no lower."),
+    Mistake("gated-delta-lowest-minus-one", _families_slip({3: (False, -1.0)}),
+            "a gate a ∈ (0, 1] times I − β k kᵀ with β ∈ [0, 1]: every eigenvalue is a product of two numbers "
+            "in [0, 1], so the lowest is 0."),
+    Mistake("small-angle-cannot-track", _families_slip({7: (False, 0.5)}),
+            "the criterion is not a negative real part: e^{iπ/3} has |λ| = 1 and lies off [0, ∞), so the state "
+            "cycles with period 6 and never settles — and the count mod 6 holds the parity. Grazzi et al.'s "
+            "Theorem 1 rules out only eigenvalues in [0, ∞)."),
 )
 
 
