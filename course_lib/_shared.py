@@ -30,6 +30,22 @@ def check_causal(q, k, chunk_size):
         raise ValueError(f"chunk_size must be a positive int (positions per chunk), got {chunk_size}.")
 
 
+# --- recurrences (notebooks 11-13) ---------------------------------------------------------------
+# Positions per chunk of every gated_linear_attention and delta-rule call that does not name one (both
+# trees).  Chosen by the lesson-12 grid, ``python -m course_lib.bench --preset recurrent`` (b = 1, h = 4,
+# d = e = 64, float32, forward+backward of the PyTorch form, one thread): see the comment on
+# course_lib.bench.presets.RECURRENT for the measured times.  chunk_size=None is the token loop.
+RECURRENT_CHUNK_SIZE = 32
+
+# Positions per sub-chunk of gated_linear_attention with a decay per channel (Yang et al. 2024, §4).  Work
+# per position and channel grows as c' (the c' × c' decays inside a sub-chunk) plus c / c' (keys rescaled
+# for each later sub-chunk): least near c' = √c.  Measured with the PyTorch form, forward+backward, b = 1,
+# h = 4, n = 4096, d = e = 64, float32, one thread, least of 9 calls, as a multiple of the same call with a
+# decay per head: at c = 32, c' = 4: 2.34, 8: 2.13, 16: 2.36, 32 (no sub-chunks): 3.17; at c = 64, c' = 4:
+# 2.55, 8: 2.23, 16: 2.55.  On a shared 2-core Intel Xeon: provisional.
+SUB_CHUNK_SIZE = 8
+
+
 # --- FAVOR+ (notebook 08) -----------------------------------------------------------------------
 FEATURES = ("positive", "hyperbolic", "trig")
 SCALINGS = ("chi", "sqrt_d")

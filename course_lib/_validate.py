@@ -2,26 +2,11 @@
 
 They look only at ``.shape`` and at a floating-point flag, so one message serves both
 frameworks, and a learner sees the argument name and the expected shape instead of a
-traceback from deep inside an einsum.  The chunk sizes of the recurrences (notebooks 11-13) live
-here too: both trees need them, and the torch tree never imports the NumPy tree.
+traceback from deep inside an einsum.  Constants both trees need live in ``course_lib/_shared.py``.
 """
 
 import math
 import numbers
-
-# Positions per chunk of every gated_linear_attention and delta-rule call that does not name one (both
-# trees).  Chosen by the lesson-12 grid, ``python -m course_lib.bench --preset recurrent`` (b = 1, h = 4,
-# d = e = 64, float32, forward+backward of the PyTorch form on this course's 2-core CPU): see the comment on
-# course_lib.bench.presets.RECURRENT for the measured times.  chunk_size=None is the token loop.
-RECURRENT_CHUNK_SIZE = 32
-
-# Positions per sub-chunk of gated_linear_attention with a decay per channel (Yang et al. 2024, §4).  Work
-# per position and channel grows as c' (the c' × c' decays inside a sub-chunk) plus c / c' (keys rescaled
-# for each later sub-chunk): least near c' = √c.  Measured with the PyTorch form, forward+backward, b = 1,
-# h = 4, n = 4096, d = e = 64, float32, one thread, least of 9 calls, as a multiple of the same call with a
-# decay per head: at c = 32, c' = 4: 2.34, 8: 2.13, 16: 2.36, 32 (no sub-chunks): 3.17; at c = 64, c' = 4:
-# 2.55, 8: 2.23, 16: 2.55.  On a shared 2-core AMD EPYC: provisional.
-SUB_CHUNK_SIZE = 8
 
 
 def _broadcastable(a, b):
@@ -206,10 +191,15 @@ def check_state(name, state, lead, d, e):
                          f"return_state=True), got {shape}.")
 
 
-def check_householder(n_householder, q, k, v, beta, is_int):
-    """DeltaProduct: ``q (..., n, d)``, ``k (..., n·n_h, d)``, ``v (..., n·n_h, e)``, ``beta (..., n·n_h)``."""
-    if isinstance(n_householder, bool) or not is_int or n_householder < 1:
+def check_n_householder(n_householder):
+    """DeltaProduct's steps a token: a positive int (a NumPy integer too)."""
+    if isinstance(n_householder, bool) or not isinstance(n_householder, numbers.Integral) or n_householder < 1:
         raise ValueError(f"n_householder must be a positive int (delta-rule steps per token), got {n_householder!r}.")
+
+
+def check_householder(n_householder, q, k, v, beta):
+    """DeltaProduct: ``q (..., n, d)``, ``k (..., n·n_h, d)``, ``v (..., n·n_h, e)``, ``beta (..., n·n_h)``."""
+    check_n_householder(n_householder)
     for name, x, rank in (("q", q, 2), ("k", k, 2), ("v", v, 2), ("beta", beta, 1)):
         if len(x.shape) < rank:
             raise ValueError(f"{name} must have a positions axis, got shape {tuple(x.shape)}.")

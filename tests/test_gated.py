@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_lib import _validate
+from course_lib import _shared, _validate
 from course_lib.numpy import gated as np_gated
 from course_lib.torch import gated as torch_gated
 from tests.conftest import requires_cuda
@@ -323,8 +323,8 @@ def test_numpy_and_torch_agree(rng, channels, chunk_size):
 def test_the_default_chunk_size_is_shared():
     import inspect
 
-    assert torch_gated.DEFAULT_CHUNK_SIZE == np_gated.DEFAULT_CHUNK_SIZE == _validate.RECURRENT_CHUNK_SIZE
-    assert torch_gated.SUB_CHUNK_SIZE == np_gated.SUB_CHUNK_SIZE == _validate.SUB_CHUNK_SIZE
+    assert torch_gated.DEFAULT_CHUNK_SIZE == np_gated.DEFAULT_CHUNK_SIZE == _shared.RECURRENT_CHUNK_SIZE
+    assert torch_gated.SUB_CHUNK_SIZE == np_gated.SUB_CHUNK_SIZE == _shared.SUB_CHUNK_SIZE
     for module in (np_gated, torch_gated):
         default = inspect.signature(module.gated_linear_attention).parameters["chunk_size"].default
         assert default == np_gated.DEFAULT_CHUNK_SIZE

@@ -101,7 +101,7 @@ LINFORMER = Preset(
 
 # The recurrences of lessons 11-12 beside their peer, flash-linear-attention 0.6.0's pure-PyTorch references
 # (``python tools/peer_env.py`` first; without it their rows are errors that say so).  The chunk sweep at
-# n = 4,096 is what the recurrences' DEFAULT_CHUNK_SIZE (``RECURRENT_CHUNK_SIZE``, course_lib/_validate.py)
+# n = 4,096 is what the recurrences' DEFAULT_CHUNK_SIZE (``RECURRENT_CHUNK_SIZE``, course_lib/_shared.py)
 # was chosen from.  One thread per case: a two-thread call on a 2-core machine stalls whenever anything
 # else runs (seen: 200x on single calls), one thread keeps the other core for the rest of the machine;
 # the peer is measured the same way.

@@ -17,8 +17,8 @@ back.
 import numpy as np
 
 from course_lib import _validate
-from course_lib._validate import RECURRENT_CHUNK_SIZE as DEFAULT_CHUNK_SIZE  # here and in numpy.delta
-from course_lib._validate import SUB_CHUNK_SIZE
+from course_lib._shared import RECURRENT_CHUNK_SIZE as DEFAULT_CHUNK_SIZE  # here and in numpy.delta
+from course_lib._shared import SUB_CHUNK_SIZE
 
 
 def _work_dtype(*xs):

@@ -356,8 +356,7 @@ class DeltaProduct(DeltaNet):
 
     def __init__(self, d_model, n_heads, *, n_householder=2, gated=False, negative_eigenvalues=True, conv_size=4,
                  chunk_size=DEFAULT_CHUNK_SIZE, norm_eps=1e-5, bias=False, device=None, dtype=None):
-        if isinstance(n_householder, bool) or not isinstance(n_householder, int) or n_householder < 1:
-            raise ValueError(f"n_householder must be a positive int (delta-rule steps a token), got {n_householder!r}.")
+        _validate.check_n_householder(n_householder)
         super().__init__(d_model, n_heads, gated=gated, negative_eigenvalues=negative_eigenvalues, conv_size=conv_size,
                          chunk_size=chunk_size, norm_eps=norm_eps, bias=bias, device=device, dtype=dtype,
                          keys_per_token=n_householder)

@@ -275,7 +275,7 @@ def delta_product_attention(q, k, v, beta, *, n_householder, log_decay=None, chu
     """
     _check_tensors(("q", "k", "v"), (q, k, v))
     _check_tensors(("beta",), (beta,))
-    _validate.check_householder(n_householder, q, k, v, beta, isinstance(n_householder, int))
+    _validate.check_householder(n_householder, q, k, v, beta)
     q_steps, decay_steps = _householder_steps(q, log_decay, n_householder)
     out, state = delta_rule_attention(q_steps, k, v, beta, log_decay=decay_steps, chunk_size=chunk_size,
                                       initial_state=initial_state, return_state=True)

@@ -18,8 +18,8 @@ import math
 import torch
 
 from course_lib import _validate
-from course_lib._validate import RECURRENT_CHUNK_SIZE as DEFAULT_CHUNK_SIZE  # here, in torch.delta and the mixers
-from course_lib._validate import SUB_CHUNK_SIZE
+from course_lib._shared import RECURRENT_CHUNK_SIZE as DEFAULT_CHUNK_SIZE  # here, in torch.delta and the mixers
+from course_lib._shared import SUB_CHUNK_SIZE
 
 HALF = (torch.float16, torch.bfloat16)
 
