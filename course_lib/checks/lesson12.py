@@ -92,7 +92,7 @@ def _cases_12_1():
 # What Exercise 12.1 asks the learner to build: the library's UT transform and delta rule (either tree), and the
 # check's own reference.  masked_decay (Eq. 12.2, built in §12.1) may be used.
 _FORBIDDEN_12_1 = frozenset({"ut_transform", "delta_rule_attention", "delta_rule_step", "delta_product_attention",
-                             "delta_product_step", "decayed_products", "_forward_substitution", "_chunked", "_loop"})
+                             "delta_product_step", "channel_scores", "_forward_substitution", "_chunked", "_loop"})
 
 
 def _wy_calls_no_library(candidate):

@@ -17,13 +17,12 @@ In the chunked form ``c`` is the chunk length, ``i``, ``j`` and ``r`` positions 
 float16 inputs are computed in float32 and the output cast back.
 """
 
-import math
 import warnings
 
 import numpy as np
 
 from course_lib import _validate
-from course_lib.numpy.gated import DEFAULT_CHUNK_SIZE, _as_sequence, _prepare, masked_decay
+from course_lib.numpy.gated import DEFAULT_CHUNK_SIZE, _as_sequence, _prepare, channel_scores, masked_decay
 
 
 def _prepare_beta(beta, k, lead, work):
@@ -57,45 +56,6 @@ def _loop(q, k, v, beta, log_decay, state):
     return out, state
 
 
-def decayed_products(x, k, G, sub=None):
-    """Σ_d x_id k_jd exp(G_id − G_jd) for j ≤ i, 0 above: a decay per channel, by sub-chunks. Notebook 12.
-
-    Sub-chunk I against an earlier one J: the exponent G_i − G_j split at I's first position r and J's
-    last position l into G_i − G_r, G_r − G_l and G_l − G_j, each ≤ 0 (G never rises), so no factor
-    overflows and one product gives the block (Yang et al. 2024, arXiv 2312.06635, §4.2); a factor that
-    underflows to 0 stands for a product even smaller.  Inside a sub-chunk: the (s, s, d) differences,
-    masked before exp.  Work and memory per position and channel ∝ s + c/s instead of c: least at
-    s ≈ √c, the default.
-
-    Args:
-        x: ``(..., c, d)``, its leading dims broadcasting against k's (q and k stacked: one pass for both).
-        k: ``(..., c, d)``; G: ``(..., c, d)``, the cumulative log decay inside the chunk.
-        sub: positions per sub-chunk (None: the power of two nearest below √c).
-
-    Returns:
-        ``(..., c, c)``, lower triangular.
-    """
-    c, d = k.shape[-2:]
-    s = min(sub or 2 ** (math.isqrt(c).bit_length() - 1), c)
-    m, pad = -(-c // s), -c % s  # m sub-chunks of s, the last padded by zero keys and a constant G
-    x, k, G = (np.pad(a, [(0, 0)] * (a.ndim - 2) + [(0, pad), (0, 0)], mode) for a, mode in
-               ((x, "constant"), (k, "constant"), (G, "edge")))
-    xs, ks, Gs = (a.reshape(*a.shape[:-2], m, s, d) for a in (x, k, G))  # (..., m, s, d)
-    blocks = np.zeros((*np.broadcast_shapes(xs.shape[:-3], ks.shape[:-3]), m, m, s, s), np.result_type(xs, ks))
-    later, earlier = np.tril_indices(m, -1)  # every pair of sub-chunks I > J
-    first, last = Gs[..., :1, :], Gs[..., -1:, :]  # (..., m, 1, d): G at each sub-chunk's first and last position
-    x_in = (xs * np.exp(Gs - first))[..., later, :, :]  # (..., p, s, d): x_i decayed from I's first position
-    between = np.exp(first[..., later, :, :] - last[..., earlier, :, :])  # (..., p, 1, d): from J's end to I's start
-    k_in = (ks * np.exp(last - Gs))[..., earlier, :, :] * between  # (..., p, s, d): k_j decayed to I's start
-    blocks[..., later, earlier, :, :] = x_in @ np.swapaxes(k_in, -1, -2)  # (..., p, s, s); every exponent above ≤ 0
-    pair = np.tril(np.ones((s, s), bool))[:, :, None]  # (s, s, 1): j ≤ i
-    within = np.exp(np.where(pair, Gs[..., :, None, :] - Gs[..., None, :, :], -np.inf))  # (..., m, s, s, d)
-    diagonal = np.einsum("...mijd,...mid->...mij", within * ks[..., None, :, :], xs)  # (..., m, s, s)
-    blocks[..., range(m), range(m), :, :] = diagonal
-    blocks = np.swapaxes(blocks, -3, -2)  # (..., m, s, m, s): rows (I, i), columns (J, j)
-    return blocks.reshape(*blocks.shape[:-4], m * s, m * s)[..., :c, :c]  # (..., c, c)
-
-
 def _forward_substitution(lower, rhs):
     """Solve ``lower X = rhs`` for a unit lower triangular ``lower (..., c, c)``, row by row: row i needs rows < i."""
     x = np.array(np.broadcast_to(rhs, (*lower.shape[:-1], rhs.shape[-1])))  # (..., c, f), a writable copy
@@ -122,7 +82,7 @@ def ut_transform(k, beta, log_decay=None):
     if log_decay is None:
         gram = k @ np.swapaxes(k, -1, -2)  # (..., c, c): k_iᵀ k_j
     elif log_decay.ndim == k.ndim:
-        gram = decayed_products(k, k, np.cumsum(log_decay, axis=-2))
+        gram = channel_scores(k, k, np.cumsum(log_decay, axis=-2))  # GLA's sub-chunks
     else:
         gram = k @ np.swapaxes(k, -1, -2) * masked_decay(np.cumsum(log_decay, axis=-1))
     lower = eye + np.tril(beta[..., :, None] * gram, -1)  # (..., c, c), ones on the diagonal
@@ -142,7 +102,7 @@ def _chunked(q, k, v, beta, log_decay, state, chunk_size):
         w = T @ (np.exp(G) * kc)  # (..., c, d): W, the WY representation's keys; G (..., c, d|1) ≤ 0
         u = T @ vc - w @ state  # (..., c, e): Ũ = U − W S, the values actually written
         if channels:
-            scores = decayed_products(qc, kc, G)  # (..., c, c), j <= i
+            scores = channel_scores(qc, kc, G)  # (..., c, c), j <= i: GLA's sub-chunks
         else:
             scores = qc @ np.swapaxes(kc, -1, -2) * masked_decay(G[..., 0])  # (..., c, c), j <= i
         out[..., part, :] = (np.exp(G) * qc) @ state + scores @ u  # (..., c, e)

@@ -13,13 +13,20 @@ chunks in a Python loop, three small products per chunk.  Shapes inside: leading
 into L, ``g`` chunks of ``c`` positions.
 """
 
-import math
 import warnings
 
 import torch
 
 from course_lib import _validate
-from course_lib.torch.gated import DEFAULT_CHUNK_SIZE, _as_sequence, _check_tensors, _prepare, chunk, masked_decay
+from course_lib.torch.gated import (
+    DEFAULT_CHUNK_SIZE,
+    _as_sequence,
+    _check_tensors,
+    _prepare,
+    channel_scores,
+    chunk,
+    masked_decay,
+)
 
 
 def _prepare_beta(beta, k, work):
@@ -57,45 +64,6 @@ def _loop(q, k, v, beta, log_decay, state):
     return torch.stack(outs, dim=-2), state  # (..., n, e), (..., d, e)
 
 
-def decayed_products(x, k, G, sub=None):
-    """Σ_d x_id k_jd exp(G_id − G_jd) for j ≤ i, 0 above: a decay per channel, by sub-chunks. Notebook 12.
-
-    Sub-chunk I against an earlier one J: the exponent G_i − G_j split at I's first position r and J's
-    last position l into G_i − G_r, G_r − G_l and G_l − G_j, each ≤ 0 (G never rises), so no factor
-    overflows and one product gives the block (Yang et al. 2024, arXiv 2312.06635, §4.2); a factor that
-    underflows to 0 stands for a product even smaller.  Inside a sub-chunk: the (s, s, d) differences,
-    masked before exp.  Work and memory per position and channel ∝ s + c/s instead of c: least at
-    s ≈ √c, the default.
-
-    Args:
-        x: ``(..., c, d)``, its leading dims broadcasting against k's (q and k stacked: one pass for both).
-        k: ``(..., c, d)``; G: ``(..., c, d)``, the cumulative log decay inside the chunk.
-        sub: positions per sub-chunk (None: the power of two nearest below √c).
-
-    Returns:
-        ``(..., c, c)``, lower triangular.
-    """
-    c, d = k.shape[-2:]
-    s = min(sub or 2 ** (math.isqrt(c).bit_length() - 1), c)
-    m, pad = -(-c // s), -c % s  # m sub-chunks of s, the last padded by zero keys and a constant G
-    x, k = (torch.nn.functional.pad(a, [0, 0, 0, pad]) for a in (x, k))
-    G = torch.cat([G, G[..., -1:, :].expand(*G.shape[:-2], pad, d)], dim=-2)
-    xs, ks, Gs = (a.reshape(*a.shape[:-2], m, s, d) for a in (x, k, G))  # (..., m, s, d)
-    blocks = xs.new_zeros(*torch.broadcast_shapes(xs.shape[:-3], ks.shape[:-3]), m, m, s, s)
-    later, earlier = torch.tril_indices(m, m, -1, device=k.device)  # every pair of sub-chunks I > J
-    first, last = Gs[..., :1, :], Gs[..., -1:, :]  # (..., m, 1, d): G at each sub-chunk's first and last position
-    x_in = (xs * torch.exp(Gs - first))[..., later, :, :]  # (..., p, s, d): x_i decayed from I's first position
-    between = torch.exp(first[..., later, :, :] - last[..., earlier, :, :])  # (..., p, 1, d): from J's end to I's start
-    k_in = (ks * torch.exp(last - Gs))[..., earlier, :, :] * between  # (..., p, s, d): k_j decayed to I's start
-    blocks[..., later, earlier, :, :] = x_in @ k_in.transpose(-1, -2)  # (..., p, s, s); every exponent above ≤ 0
-    pair = torch.ones(s, s, dtype=torch.bool, device=k.device).tril()[:, :, None]  # (s, s, 1): j ≤ i
-    within = torch.exp((Gs[..., :, None, :] - Gs[..., None, :, :]).masked_fill(~pair, float("-inf")))  # (..,m,s,s,d)
-    diagonal = torch.einsum("...mijd,...mid->...mij", within * ks[..., None, :, :], xs)  # (..., m, s, s)
-    blocks[..., range(m), range(m), :, :] = diagonal
-    blocks = blocks.transpose(-3, -2)  # (..., m, s, m, s): rows (I, i), columns (J, j)
-    return blocks.reshape(*blocks.shape[:-4], m * s, m * s)[..., :c, :c]  # (..., c, c)
-
-
 def ut_transform(k, beta, log_decay=None):
     """T = (I + tril(Diag(β) (Γ ⊙ K Kᵀ), -1))⁻¹ Diag(β) for each chunk. Notebook 12, Eq. (12.6).
 
@@ -110,7 +78,7 @@ def ut_transform(k, beta, log_decay=None):
     if log_decay is None:
         gram = k @ k.transpose(-1, -2)  # (..., c, c)
     elif log_decay.dim() == k.dim():
-        gram = decayed_products(k, k, torch.cumsum(log_decay, dim=-2))
+        gram = channel_scores(k, k, torch.cumsum(log_decay, dim=-2))  # GLA's sub-chunks
     else:
         gram = k @ k.transpose(-1, -2) * masked_decay(torch.cumsum(log_decay, dim=-1))
     lower = eye + (beta[..., :, None] * gram).tril(-1)  # (..., c, c), ones on the diagonal
@@ -127,7 +95,7 @@ def _gated_chunk_terms(qc, kc, log_decay, k, chunk_size):
     channels = log_decay.dim() == k.dim()
     G = torch.cumsum(chunk(_per_channel(log_decay, k).reshape(-1, n, d if channels else 1), chunk_size), dim=2)
     if channels:  # padding has log decay 0, a = 1, and zero keys
-        scores, gram = decayed_products(torch.stack([qc, kc]), kc, G).unbind(0)  # (L, g, c, c), j <= i
+        scores, gram = channel_scores(qc, kc, G), channel_scores(kc, kc, G)  # (L, g, c, c), j <= i: sub-chunks
     else:
         causal = masked_decay(G[..., 0])  # (L, g, c, c): exp(G_i − G_j), j <= i
         scores, gram = (qc @ kc.transpose(-1, -2)) * causal, (kc @ kc.transpose(-1, -2)) * causal
