@@ -8,6 +8,7 @@ Linformer n × k, linear attention and the chunked causal form no n-sized square
 
 import contextlib
 import csv
+import dataclasses
 import io
 import json
 import re
@@ -130,6 +131,10 @@ def test_every_variant_runs_forward_and_backward(variant):
         row = bench.run_isolated(case)
         assert row["status"] == "error" and "tools/peer_env.py" in row["message"], row
         return
+    if bench.VARIANTS[variant].forward_only:  # a check has no backward: refused, saying which mode to use
+        with pytest.raises(ValueError, match="mode forward"):
+            bench.run_case(case)
+        case = dataclasses.replace(case, mode="forward")
     row = bench.run_case(case)
     assert row["status"] == "ok" and row["time_median_s"] > 0 and row["flops"] > 0
 
@@ -139,6 +144,7 @@ def _peer_installed():
         variants.load_peer("fla_delta_naive")
         variants.load_peer("fla_gated_delta_naive")
         variants.load_peer("fla_kda_naive")
+        variants.load_peer("fla_delta_product_naive")
     except FileNotFoundError:
         return False
     return True

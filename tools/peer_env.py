@@ -5,12 +5,13 @@
 flash-linear-attention (``fla-core`` on PyPI) needs triton, which the course never installs, so
 its package is not imported: the reference files the ``recurrent`` benchmark preset compares
 with, ``fla/ops/delta_rule/naive.py`` (``delta_rule_chunkwise``),
-``fla/ops/gated_delta_rule/naive.py`` (``naive_chunk_gated_delta_rule``) and ``fla/ops/kda/naive.py``
-(``naive_chunk_kda``, Kimi Delta Attention), are unpacked from the wheel, with its licence and the
-one package they import (einops), into ``build/peer/`` (ignored by git).  ``course_lib.bench.variants``
-loads them by path from there, or from ``$COURSE_PEER_DIR``; without them the peer's rows say "not
-installed".  This downloads from PyPI; nothing in the course
-needs it, and no lesson or test runs it.
+``fla/ops/gated_delta_rule/naive.py`` (``naive_chunk_gated_delta_rule``), ``fla/ops/kda/naive.py``
+(``naive_chunk_kda``, Kimi Delta Attention) and ``fla/ops/gated_delta_product/naive.py``
+(``naive_recurrent_gated_delta_product``, DeltaProduct's token loop), are unpacked from the wheel,
+with its licence and the one package they import (einops), into ``build/peer/`` (ignored by git).
+``course_lib.bench.variants`` loads them by path from there, or from ``$COURSE_PEER_DIR``; without
+them the peer's rows say "not installed".  This downloads from PyPI; nothing in the course needs it,
+and no lesson or test runs it.
 
 The check at the end runs the references and the course's chunked forms on one input (float64,
 q scaled by 1/√d as the references do) and prints the largest difference.
@@ -30,6 +31,7 @@ FILES = {  # member of the fla-core wheel → where it goes
     "fla/ops/delta_rule/naive.py": "fla_delta_naive.py",
     "fla/ops/gated_delta_rule/naive.py": "fla_gated_delta_naive.py",
     "fla/ops/kda/naive.py": "fla_kda_naive.py",
+    "fla/ops/gated_delta_product/naive.py": "fla_delta_product_naive.py",
 }
 
 
@@ -58,7 +60,7 @@ def check(target=PEER):
 
     sys.path.insert(0, str(ROOT))
     from course_lib.bench.variants import load_peer
-    from course_lib.torch.delta import delta_rule_attention
+    from course_lib.torch.delta import delta_product_attention, delta_rule_attention
 
     delta, gated = load_peer("fla_delta_naive", target), load_peer("fla_gated_delta_naive", target)
     gen = torch.Generator().manual_seed(0)
@@ -81,6 +83,16 @@ def check(target=PEER):
     ours = delta_rule_attention(q / d**0.5, k, v, beta, log_decay=g)
     theirs = kda.naive_chunk_kda(*(x.transpose(1, 2) for x in (q, k, v, g, beta)), chunk_size=64)[0].transpose(1, 2)
     print(f"naive_chunk_kda against delta_rule_attention(log_decay=(..., n, d)): max |difference| "
+          f"{(ours - theirs).abs().max():.1e} (float32 inside the reference)")
+    product = load_peer("fla_delta_product_naive", target)
+    k2 = torch.nn.functional.normalize(torch.randn(b, h, 2 * n, d, generator=gen, dtype=torch.float64), dim=-1)
+    v2 = torch.randn(b, h, 2 * n, d, generator=gen, dtype=torch.float64)
+    beta2 = 2 * torch.rand(b, h, 2 * n, generator=gen, dtype=torch.float64)  # β in (0, 2): reflections allowed
+    g = torch.nn.functional.logsigmoid(torch.randn(b, h, n, generator=gen, dtype=torch.float64) + 4)  # per head
+    ours = delta_product_attention(q, k2, v2, beta2, n_householder=2, log_decay=g)
+    bthk = [x.transpose(1, 2) for x in (q, k2, v2, g, beta2)]
+    theirs = product.naive_recurrent_gated_delta_product(*bthk, scale=1.0, num_householder=2)[0].transpose(1, 2)
+    print(f"naive_recurrent_gated_delta_product against delta_product_attention(n_householder=2): max |difference| "
           f"{(ours - theirs).abs().max():.1e} (float32 inside the reference)")
 
 

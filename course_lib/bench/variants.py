@@ -144,6 +144,11 @@ def loop_flops(case):
     return 2 * case.b * case.h * case.n * 3 * case.d * case.d
 
 
+def product_flops(case, flops=delta_flops, n_householder=2):
+    """DeltaProduct with n_h = 2: ``flops`` (chunked or loop) over its n·n_h rank-one steps (reads at every step)."""
+    return flops(dataclasses.replace(case, n=case.n * n_householder))
+
+
 def gated_loop_flops(case):
     """The token loop of gated linear attention: per token the write k vᵀ and the read qᵀS. 2·b·h·n·2·d·e."""
     return 2 * case.b * case.h * case.n * 2 * case.d * case.d
@@ -262,7 +267,7 @@ def _build_delta(case, t, gated=False, loop=False, channels=False):
     return (lambda: delta_rule_attention(t["q"], t["k"], t["v"], t["beta"], **options)), leaves
 
 
-def _build_delta_product(case, t, n_householder=2):
+def _build_delta_product(case, t, n_householder=2, loop=False):
     from course_lib.torch.delta import delta_product_attention
 
     _recurrent_inputs(case, t)
@@ -270,10 +275,32 @@ def _build_delta_product(case, t, n_householder=2):
     t["k"] = torch.nn.functional.normalize(torch.randn(*steps, case.d, generator=t["gen"]), dim=-1).to(t["q"])
     t["v"] = torch.randn(*steps, case.d, generator=t["gen"]).to(t["q"])
     t["beta"] = torch.sigmoid(torch.randn(steps, generator=t["gen"])).to(t["q"])
-    options = {"chunk_size": case.chunk} if case.chunk else {}
+    options = {"chunk_size": None} if loop else ({"chunk_size": case.chunk} if case.chunk else {})
     leaves = [*_qkv(t), t["beta"], t["log_decay"]]
     return (lambda: delta_product_attention(t["q"], t["k"], t["v"], t["beta"], n_householder=n_householder,
                                             log_decay=t["log_decay"], **options)), leaves
+
+
+def _build_peer_delta_product(case, t, n_householder=2):
+    peer = load_peer("fla_delta_product_naive")
+    _build_delta_product(case, t, n_householder)
+    q, k, v, g, beta = (x.transpose(1, 2).contiguous() for x in (t["q"], t["k"], t["v"], t["log_decay"], t["beta"]))
+    return (lambda: peer.naive_recurrent_gated_delta_product(q, k, v, g, beta, scale=1.0,
+                                                             num_householder=n_householder)[0].transpose(1, 2)), \
+        [q, k, v, g, beta]
+
+
+def _build_finite_check(case, t):
+    from course_lib.torch.gated import _check_tensors
+
+    _recurrent_inputs(case, t)
+    names, xs = ("q", "k", "v", "beta"), (t["q"], t["k"], t["v"], t["beta"])
+    return (lambda: _check_tensors(names, xs)), list(xs)
+
+
+def finite_check_flops(case):
+    """The NaN/inf check of the recurrences' inputs q, k, v, β: a min and a max of each number, 2·b·h·n·(3d + 1)."""
+    return 2 * case.b * case.h * case.n * (3 * case.d + 1)
 
 
 def _build_gla(case, t, channels=False, loop=False):
@@ -318,6 +345,7 @@ class Variant:
     flops: object
     sizes: tuple = ()  # which of "k", "m", "chunk" the variant depends on
     about: str = ""  # one line for --help
+    forward_only: bool = False  # times something without a backward (a check)
 
 
 def _causal(build, **options):
@@ -364,8 +392,17 @@ VARIANTS = {
                    "sub-chunks inside"),
     "kda_loop": Variant(lambda case, t: _build_delta(case, t, gated=True, loop=True, channels=True), loop_flops,
                         about="Kimi Delta Attention's token loop"),
-    "delta_product": Variant(_build_delta_product, delta_flops, ("chunk",), "delta_product_attention, n_h = 2, a "
+    "delta_product": Variant(_build_delta_product, product_flops, ("chunk",), "delta_product_attention, n_h = 2, a "
                              "decay per head: the chunked delta rule over 2n steps"),
+    "delta_product_loop": Variant(lambda case, t: _build_delta_product(case, t, loop=True),
+                                  lambda case: product_flops(case, loop_flops),
+                                  about="delta_product_attention(chunk_size=None): its token loop, 2n steps"),
+    "fla_delta_product": Variant(_build_peer_delta_product, lambda case: product_flops(case, loop_flops),
+                                 about="the peer: flash-linear-attention 0.6.0's naive_recurrent_gated_delta_product "
+                                 "(pure PyTorch, a token loop, n_h = 2)"),
+    "finite_check": Variant(_build_finite_check, finite_check_flops, about="the check every recurrence makes of its "
+                            "q, k, v and β (one aminmax pass each, NaN and inf refused): its share of a forward call",
+                            forward_only=True),
     "fla_kda": Variant(_build_peer_kda, peer_delta_flops, about="the peer: flash-linear-attention 0.6.0's "
                        "naive_chunk_kda (pure PyTorch, chunk 64), tools/peer_env.py"),
     "fla_delta": Variant(_build_peer_delta, peer_delta_flops, about="the peer: flash-linear-attention 0.6.0's "
@@ -376,7 +413,8 @@ VARIANTS = {
 RECURRENT = ("delta", "gated_delta", "gla", "gla_channel", "delta_loop", "gated_delta_loop", "gla_loop", "fla_delta",
              "fla_gated_delta")
 # Lessons 12-13's later recurrences (Kimi Delta Attention, DeltaProduct): the same default chunk, not in the stored grid
-LATER_RECURRENT = ("kda", "kda_loop", "delta_product", "fla_kda")
+LATER_RECURRENT = ("kda", "kda_loop", "delta_product", "delta_product_loop", "fla_kda", "fla_delta_product",
+                   "finite_check")
 
 
 # --- the grid ---------------------------------------------------------------------------------
@@ -388,6 +426,8 @@ def problem(case):
     sizes = VARIANTS[case.variant].sizes
     if case.n < 1:
         return f"n = {case.n}: a sequence needs n ≥ 1 positions"
+    if VARIANTS[case.variant].forward_only and case.mode != "forward":
+        return f"{case.variant} times a check, which has no backward: measure it with mode forward"
     if "k" in sizes and case.k < 1:
         return f"k = {case.k}: Linformer needs k ≥ 1 projected positions"
     if "k" in sizes and case.k > case.n:
