@@ -114,7 +114,8 @@ RECURRENT = Preset(
         Part(("delta", "gated_delta", "gla", "gla_channel", "kda", "delta_product", "fla_delta", "fla_gated_delta"),
              _powers(256, 16384), "forward+backward"),
         Part(("fla_kda",), _powers(256, 4096), "forward+backward"),  # the peer's KDA: 20 s a call at 4,096
-        Part(("delta_loop", "gated_delta_loop", "gla_loop", "kda_loop", "delta_product_loop", "fla_delta_product"),
+        Part(("delta_loop", "gated_delta_loop", "gla_loop", "gla_channel_loop", "kda_loop", "delta_product_loop",
+              "fla_delta_product"),
              _powers(256, 2048), "forward+backward"),
         Part(("delta", "gated_delta", "gla"), (4096,), "forward+backward", chunks=(16, 32, 64, 128, 256)),
         Part(("delta", "gated_delta", "fla_delta", "fla_gated_delta", "finite_check"), _powers(256, 16384)),

@@ -387,6 +387,8 @@ VARIANTS = {
                                 about="the gated delta rule's token loop"),
     "gla_loop": Variant(lambda case, t: _build_gla(case, t, loop=True), gated_loop_flops,
                         about="gated_linear_attention(chunk_size=None): the token loop"),
+    "gla_channel_loop": Variant(lambda case, t: _build_gla(case, t, channels=True, loop=True), gated_loop_flops,
+                                about="gated_linear_attention(chunk_size=None), a decay per channel: the token loop"),
     "kda": Variant(lambda case, t: _build_delta(case, t, gated=True, channels=True), delta_flops, ("chunk",),
                    "delta_rule_attention(log_decay=(..., n, d)) by default: Kimi Delta Attention, chunked, "
                    "sub-chunks inside"),
@@ -413,7 +415,7 @@ VARIANTS = {
 RECURRENT = ("delta", "gated_delta", "gla", "gla_channel", "delta_loop", "gated_delta_loop", "gla_loop", "fla_delta",
              "fla_gated_delta")
 # Lessons 12-13's later recurrences (Kimi Delta Attention, DeltaProduct): the same default chunk, not in the stored grid
-LATER_RECURRENT = ("kda", "kda_loop", "delta_product", "delta_product_loop", "fla_kda", "fla_delta_product",
+LATER_RECURRENT = ("gla_channel_loop", "kda", "kda_loop", "delta_product", "delta_product_loop", "fla_kda", "fla_delta_product",
                    "finite_check")
 
 
