@@ -455,15 +455,15 @@ def mqar_batch(batch_size, n_pairs, generator, *, n_keys=32, n_values=32):
 
 
 def mqar_model(mixer, vocab_size, max_len, *, d_model=64, n_heads=1, n_layers=2, conv_size=4, chunk_size=32):
-    """Notebook 07's ``CausalLM`` with its attention swapped for one of ``MIXERS``. Notebook 11, Section 11.3.
+    """Notebook 07's ``CausalLM`` with its attention swapped for one of ``MIXERS``. Notebook 11, Section 11.4.
 
     Every block stays ``x + mixer(norm(x))``, then ``x + mlp(norm(x))``; only the token mixer
     changes: ``"softmax"`` (causal ``MultiHeadAttention`` after the same short convolution, over the
     block's input rather than per projection), or a recurrent mixer of
     ``course_lib.torch.modules`` with one front end (short convolution, L2-normalised keys):
     ``"linear"`` (``GatedLinearAttention``, no decay), ``"retnet"`` (a fixed decay per head),
-    ``"gate"`` (a data-dependent decay per head: Mamba-2 / simple GLA), ``"deltanet"`` and
-    ``"gated_deltanet"`` (``DeltaNet``).  A recurrent mixer's state is ``n_heads`` matrices of
+    ``"gate"`` (a data-dependent decay per head: simple GLA, Mamba-2 without Δ_t on the write),
+    ``"deltanet"`` and ``"gated_deltanet"`` (``DeltaNet``).  A recurrent mixer's state is ``n_heads`` matrices of
     ``(d_model / n_heads)²`` numbers per layer: fewer heads, a larger state.  Only ``forward`` is
     for these models (``CausalLM.step`` knows softmax and linear attention alone).
 

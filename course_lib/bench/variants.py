@@ -414,9 +414,10 @@ VARIANTS = {
 }
 RECURRENT = ("delta", "gated_delta", "gla", "gla_channel", "delta_loop", "gated_delta_loop", "gla_loop", "fla_delta",
              "fla_gated_delta")
-# Lessons 12-13's later recurrences (Kimi Delta Attention, DeltaProduct): the same default chunk, not in the stored grid
-LATER_RECURRENT = ("gla_channel_loop", "kda", "kda_loop", "delta_product", "delta_product_loop", "fla_kda", "fla_delta_product",
-                   "finite_check")
+# Lessons 12-13's later additions (GLA per channel's loop, Kimi Delta Attention, DeltaProduct, the input check):
+# the recurrences' default chunk, like RECURRENT
+LATER_RECURRENT = ("gla_channel_loop", "kda", "kda_loop", "delta_product", "delta_product_loop", "fla_kda",
+                   "fla_delta_product", "finite_check")
 
 
 # --- the grid ---------------------------------------------------------------------------------
