@@ -1,6 +1,6 @@
 """Train notebook 11's six token mixers on multi-query associative recall (MQAR), several seeds.
 
-The runs behind notebook 11, Section 11.3: the notebook trains the first steps of one run itself
+The runs behind notebook 11, Section 11.4: the notebook trains the first steps of one run itself
 (asserting that they reproduce the stored losses) and loads every run from
 ``course_lib/data/mqar_runs.json`` (package data, so an installed course has it too).
 
