@@ -27,7 +27,8 @@ def _strict_decay(G):
     return np.exp(np.where(np.tril(np.ones((c, c), bool), -1), diff, -np.inf))
 
 
-def _gated_wy(*, decay_gram=True, decay_keys=True, decay_values=False, inclusive=True, sign=1.0, with_beta=True):
+def _gated_wy(*, decay_gram=True, decay_keys=True, decay_values=False, inclusive=True, sign=1.0, with_beta=True,
+              diagonal=False):
     """W, U of one Gated DeltaNet chunk, with one slip (the defaults: none)."""
 
     def wy(k, v, beta, log_decay):
@@ -35,6 +36,8 @@ def _gated_wy(*, decay_gram=True, decay_keys=True, decay_values=False, inclusive
         c = k.shape[-2]
         with np.errstate(over="ignore"):
             gamma = _strict_decay(sign * G) if decay_gram else np.tril(np.ones((c, c)), -1)
+        if diagonal:  # masked_decay's default keeps j = i, where e^{G_r - G_r} = 1: L's diagonal becomes 1 + β_r‖k_r‖²
+            gamma = gamma + np.eye(c)
         lower = np.eye(c) + beta[..., :, None] * (k @ np.swapaxes(k, -1, -2)) * gamma  # (..., c, c)
         scale = beta[..., :, None] if with_beta else 1.0
         decay = np.exp(G)[..., :, None]  # (..., c, 1)
@@ -67,6 +70,10 @@ MISTAKES_12_1 = (
     Mistake("decay-reversed", _gated_wy(sign=-1.0),
             "older writes have decayed more: the factor for t < r is e^{G_r − G_t} ≤ 1 (G falls along the chunk), "
             "not e^{G_t − G_r} ≥ 1."),
+    Mistake("diagonal-in-the-system", _gated_wy(diagonal=True),
+            "the system's decayed products of keys stop below the diagonal (t < r): a write does not read itself, so "
+            "L's diagonal is 1, not 1 + β_r‖k_r‖². masked_decay(G) keeps the diagonal (j ≤ i, as the outputs need); "
+            "here use masked_decay(G, inclusive=False), or np.tril(…, −1)."),
     Mistake("beta-missing", _gated_wy(with_beta=False),
             "T = (I + tril(Diag(β) (Γ ⊙ K Kᵀ), −1))⁻¹ Diag(β): both W and U carry β_r on the right-hand side, as "
             "each write does (β_r k_r (v_r − …)ᵀ)."),
@@ -304,9 +311,10 @@ MISTAKES_12_3 = (
             "the UT transform costs a triangular solve per chunk: (I + tril(...))⁻¹ applied to c × (d + e) right-hand "
             "sides, half of a c × c product because the matrix is triangular."),
     Mistake("explicit-inverse", lambda n, c, d, e: _flops(n, c, d, e, inverse=True),
-            "the UT transform never forms the inverse: forward substitution applies (I + tril(...))⁻¹ to the "
-            "c × (d + e) right-hand sides directly, half of a c × c by c × (d + e) product. An explicit inverse "
-            "(about c³ multiply-adds) followed by full products T K and T V counts work the chunked form never does."),
+            "the count never forms the inverse: the chunk needs only W and U, and forward substitution applies "
+            "(I + tril(...))⁻¹ to the c × (d + e) right-hand sides directly (the library's PyTorch form solves for "
+            "them at once), half of a c × c by c × (d + e) product. An explicit inverse (about c³ multiply-adds) "
+            "followed by full products T K and T V counts work that this solve does not do."),
     Mistake("solve-counted-in-full", lambda n, c, d, e: _flops(n, c, d, e, solve=1.0),
             "the matrix is lower triangular: forward substitution does half of a full c × c product's multiply-adds."),
     Mistake("state-products-forgotten", lambda n, c, d, e: _flops(n, c, d, e, state=False),
@@ -322,7 +330,7 @@ MISTAKES_12_3 = (
 
 def _cases_12_3():
     return [
-        ("n = 1,024, c = 16, d = 32, e = 64 (d ≠ e)", (1024, 16, 32, 64), {}),
+        ("n = 1,024, c = 16, d = 32, e = 48 (d ≠ e)", (1024, 16, 32, 48), {}),  # e ≠ 2d: c²e/2 ≠ c²d, slips stay apart
         ("n = 4,096, c = 32, d = e = 64 (the benchmark's setting)", (4096, 32, 64, 64), {}),
         ("n = 4,096, c = 128, d = e = 64", (4096, 128, 64, 64), {}),
         ("n = 64, c = 64, d = 16, e = 8: one chunk", (64, 64, 16, 8), {}),
