@@ -100,6 +100,34 @@ def predict(model, tokens, classes):
         return model(torch.as_tensor(tokens))[..., :classes].argmax(-1).numpy()
 
 
+def learning_rate_scores(runs, *, last=5):
+    """The score each learning rate of each cell earns in a sweep: ``{(task, mixer): {lr: score}}``. Notebook 13.
+
+    A cell is a ``(task, mixer)``; its score at one learning rate is the held-out accuracy at the training length
+    (``val_accuracy``), averaged over each run's last ``last`` evaluations and then over the seeds.
+
+    Args:
+        runs: dicts with ``task``, ``mixer``, ``lr`` and ``val_accuracy`` (a list, one entry per evaluation).
+    """
+    scores = {}
+    for run in runs:
+        scores.setdefault((run["task"], run["mixer"]), {}).setdefault(run["lr"], []).append(
+            float(np.mean(run["val_accuracy"][-last:])))
+    return {cell: {lr: float(np.mean(by_lr[lr])) for lr in sorted(by_lr)} for cell, by_lr in scores.items()}
+
+
+def best_learning_rates(runs, *, last=5):
+    """The learning rate of each cell, chosen as Zoology's protocol does: the best of a sweep. Notebook 13.
+
+    The best score of ``learning_rate_scores``: the choice never sees the test lengths, so accuracy beyond the
+    training length stays a held-out measurement.  Ties go to the smaller learning rate.
+
+    Returns:
+        ``{(task, mixer): lr}``.
+    """
+    return {cell: max(by_lr, key=by_lr.get) for cell, by_lr in learning_rate_scores(runs, last=last).items()}
+
+
 def train(model, task, *, seed, steps, length=40, batch_size=32, lr=3e-3, eval_batch=128, eval_every=100,
           stop_accuracy=1.0, m=3, held_out_seed=12346):
     """Adam on fresh batches of ``task`` at one ``length``, cross-entropy at every position. Notebook 13.

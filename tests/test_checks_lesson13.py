@@ -1,6 +1,8 @@
 """Answers a learner writes for the exercises of lesson 13, other than the reference: each right construction
 passes (the check runs it through the library), and each classic slip is named by its own hint."""
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -94,6 +96,27 @@ def test_a_head_fed_the_answer_fails_the_locality_rule(cheat):
     assert result.status == FAILED and result.mistake == "reads-the-answer"
 
 
+@pytest.mark.parametrize("wrong, name", [
+    (lambda b: _head(b, first_value=1.0 - 2.0 * np.asarray(b)[..., 0]), "first-write-ignores-the-first-bit"),  # v₁ = +1
+    (lambda b: _head(b, first_value=-1.0), "inverted-read-out"),
+    (lambda b: _head(b, scale=2.0), "non-unit-keys"),
+    (lambda b: _head(b, scale=0.5, first_value=4.0), "non-unit-keys"),
+    (lambda b: _head(b, first_value=0.1), "too-faint-to-read"),
+], ids=["first-bit-ignored", "inverted", "key-two", "key-half", "faint"])
+# keys of length 2 with β = 2 make β‖k‖² = 8: the library warns and the state overflows, as a learner sees
+@pytest.mark.filterwarnings("ignore:keys with beta", "ignore:overflow encountered", "ignore:invalid value encountered")
+def test_more_parity_slips_are_named(wrong, name):
+    assert exercise_13_1(wrong, verbose=False).mistake == name
+
+
+def test_a_zero_query_is_named_not_taken_for_an_empty_state():
+    def zero_query(bits):
+        q, k, v, beta = _head(bits)
+        return 0 * q, k, v, beta
+
+    assert exercise_13_1(zero_query, verbose=False).mistake == "zero-query"
+
+
 def test_the_empty_state_hint_does_not_give_the_answer(capsys):
     def no_first_write(bits):
         bits = np.asarray(bits)
@@ -184,3 +207,35 @@ def test_reviewers_wrong_answers_are_named(slip, name):
         return slip[1] if FAMILIES.index(family) == slip[0] else _ANSWERS[family]
 
     assert exercise_13_3(answer, verbose=False).mistake == name
+
+
+@pytest.mark.parametrize("slip, name", [((2, (True, -1.0)), "settling-family-tracks"),
+                                        ((0, (True, 1.0)), "settling-family-tracks"),
+                                        ((7, (False, -1.0)), "cycling-family-cannot-track"),
+                                        ((1, (False, -1.0)), "lowest-decay"),
+                                        ((2, (False, -1.0)), "lowest-delta-beta-one"),
+                                        ((5, (True, 0.0)), "lowest-delta-beta-two"),
+                                        ((7, (True, 1.0)), "lowest-small-angle"),
+                                        ((7, (True, -1.0)), "lowest-small-angle")])
+def test_answers_no_single_slip_predicts_are_named_by_what_is_wrong(slip, name):
+    from course_lib.checks.lesson13 import _ANSWERS
+
+    def answer(family):
+        return slip[1] if FAMILIES.index(family) == slip[0] else _ANSWERS[family]
+
+    assert exercise_13_3(answer, verbose=False).mistake == name
+
+
+def test_every_wrong_answer_to_one_family_gets_a_named_hint():
+    from course_lib.checks.lesson13 import _ANSWERS
+
+    for index, family in enumerate(FAMILIES):
+        for wrong in itertools.product((True, False), (1.0, 0.5, 0.0, -0.5, -1.0, -2.0)):
+            if wrong == _ANSWERS[family]:
+                continue
+
+            def answer(f, index=index, wrong=wrong):
+                return wrong if FAMILIES.index(f) == index else _ANSWERS[f]
+
+            result = exercise_13_3(answer, verbose=False)
+            assert result.status == FAILED and result.mistake is not None, (family, wrong)

@@ -59,3 +59,19 @@ def test_accuracy_by_length_bins_positions():
 def test_unknown_task_is_named():
     with pytest.raises(ValueError, match="task must be one of"):
         state_tasks.sizes("s5")
+
+
+def test_the_learning_rate_of_a_cell_is_chosen_on_the_training_length_only():
+    def run(lr, seed, val, beyond):
+        return dict(task="parity", mixer="deltanet", lr=lr, seed=seed, val_accuracy=val, accuracy=[1.0, beyond])
+
+    runs = [run(1e-2, 0, [0.5, 1.0], 0.5), run(1e-2, 1, [1.0, 1.0], 0.5),  # 0.875: best at the training length
+            run(3e-3, 0, [1.0, 0.9], 1.0), run(3e-3, 1, [0.6, 0.7], 1.0)]  # 0.8 there, however good beyond it
+    scores = state_tasks.learning_rate_scores(runs, last=2)
+    assert scores == {("parity", "deltanet"): {3e-3: pytest.approx(0.8), 1e-2: pytest.approx(0.875)}}
+    assert state_tasks.best_learning_rates(runs, last=2) == {("parity", "deltanet"): 1e-2}
+
+
+def test_a_tie_goes_to_the_smaller_learning_rate():
+    runs = [dict(task="mod", mixer="gate", lr=lr, val_accuracy=[1.0]) for lr in (1e-2, 1e-3, 3e-3)]
+    assert state_tasks.best_learning_rates(runs) == {("mod", "gate"): 1e-3}

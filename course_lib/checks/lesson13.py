@@ -32,14 +32,14 @@ class _Construction(Exercise):
     run: object = None
 
     def _wrong(self, mistake, candidate):
-        """What the mistake computes; for a slip recognised by its inputs (``fn.shows``), the learner's own
-        result when the learner's construction shows that slip."""
+        """What the mistake computes; for a slip recognised by the learner's answer (``fn.shows(answer, *case)``),
+        the learner's own result when the answer to this case shows that slip."""
         shows = getattr(mistake.fn, "shows", None)
         if shows is None:
             return self.run(mistake.fn)
 
         def wrong(*args):
-            if not shows(candidate(*copy.deepcopy(args))):
+            if not shows(candidate(*copy.deepcopy(args)), *copy.deepcopy(args)):
                 raise ValueError("not this slip")  # run_check skips a mistake that raises
             return self.run(candidate)(*args)
         return wrong
@@ -108,17 +108,67 @@ def _run_parity(construction):
     return computed
 
 
-def _parity_slip(*, first_beta=1.0, beta_one=2.0, beta_zero=0.0, value=0.0, first_write=True):
+def _parity_slip(*, first_beta=1.0, beta_one=2.0, beta_zero=0.0, value=0.0, first_write=True, first_sign="bit"):
+    """The reference with one thing changed; ``first_sign``: the first write's sign from the first bit (``"bit"``),
+    always +1 (``"fixed"``) or from the bit with odd positive (``"inverted"``)."""
     def head(bits):
         q, k, v, beta = _parity_head_reference(bits)
         bits = np.asarray(bits)
         beta = beta_one * bits + beta_zero * (1 - bits)
         v = np.full(v.shape, value)
         if first_write:
-            v[..., 0, 0] = 1.0 - 2.0 * bits[..., 0]
+            signs = {"bit": 1.0 - 2.0 * bits[..., 0], "fixed": np.ones(bits.shape[:-1]),
+                     "inverted": 2.0 * bits[..., 0] - 1.0}
+            v[..., 0, 0] = signs[first_sign]
             beta[..., 0] = first_beta
         return q, k, v, beta
     return head
+
+
+def _non_unit_keys(bits):
+    """Keys of length 0.9 with β = 2: a step scales by 1 − β‖k‖² = −0.62 instead of reflecting (one instance of the
+    slip; ``shows`` recognises any)."""
+    q, k, v, beta = _parity_head_reference(bits)
+    return q, 0.9 * k, v, beta
+
+
+def _shows_non_unit_keys(construction, *case):
+    """True when some later step (t ≥ 2, β > 0) has β‖k‖² ≠ 2 with a key that is not a unit vector."""
+    _, k, _, beta = (np.asarray(x, np.float64) for x in construction)
+    squared = np.sum(k[..., 1:, :] ** 2, axis=-1)  # (..., n − 1): ‖k_t‖² after the first token
+    steps = beta[..., 1:] > 0
+    off = (np.abs(beta[..., 1:] * squared - 2.0) > 0.01) & (np.abs(squared - 1.0) > 0.01)
+    return bool(np.any(off & steps))
+
+
+_non_unit_keys.shows = _shows_non_unit_keys
+
+
+def _zero_query(bits):
+    """q = 0: o_t = S_tᵀ q_t reads nothing (recognised by ``shows``)."""
+    q, k, v, beta = _parity_head_reference(bits)
+    return np.zeros_like(q), k, v, beta
+
+
+_zero_query.shows = lambda construction, *case: not np.any(np.asarray(construction[0], np.float64))
+
+
+def _faint_write(bits):
+    """A first write of ±0.1: every output within ±0.25, where the read-out tells nothing (recognised by ``shows``)."""
+    q, k, v, beta = _parity_head_reference(bits)
+    return q, k, 0.1 * v, beta
+
+
+def _shows_faint_outputs(construction, *case):
+    """True when the head's outputs o_t[0] are finite, not all zero, and all within ±0.25."""
+    q, k, v, beta = (np.asarray(x, np.float32) for x in construction)
+    with np.errstate(all="ignore"):
+        first = delta.delta_rule_attention(q, k, v, beta)[..., 0]
+    largest = float(np.max(np.abs(first)))
+    return bool(np.all(np.isfinite(first))) and 0 < largest <= 0.25
+
+
+_faint_write.shows = _shows_faint_outputs
 
 
 def _parity_from_the_answer(bits):
@@ -130,6 +180,12 @@ def _parity_from_the_answer(bits):
 
 
 MISTAKES_13_1 = (
+    Mistake("zero-query", _zero_query,
+            "your query is zero: o_t = S_tᵀ q_t reads nothing, whatever the state holds. Read along the key that "
+            "the 1-bits reflect."),
+    Mistake("too-faint-to-read", _faint_write,
+            "your head's outputs are not zero, but all lie within ±0.25, where the read-out cannot tell even from "
+            "odd: write a larger first value (or read with a longer query)."),
     Mistake("empty-state", _parity_slip(first_write=False),
             "the state starts at zero, and a reflection of zero is zero: every output is 0. Something must be "
             "written before the first reflection."),
@@ -142,6 +198,16 @@ MISTAKES_13_1 = (
     Mistake("writes-a-value", _parity_slip(value=1.0),
             "a reflection must write nothing: with v ≠ 0 the update adds β k vᵀ and the state drifts "
             "(S ← −S + 2v), so it stops flipping. Use v = 0 after the first token."),
+    Mistake("first-write-ignores-the-first-bit", _parity_slip(first_sign="fixed"),
+            "every sequence that starts with a 1 has every answer flipped: the first token writes the state and is "
+            "also the first bit, so its write must already hold that bit's parity."),
+    Mistake("inverted-read-out", _parity_slip(first_sign="inverted"),
+            "every answer is the opposite parity: the read-out takes o_t[0] above 0.25 as even and below −0.25 as "
+            "odd. Flip the sign of the first write (or of the query)."),
+    Mistake("non-unit-keys", _non_unit_keys,
+            "a step multiplies the state along k by 1 − β‖k‖², which is −1 only when β‖k‖² = 2: with keys that are "
+            "not unit vectors β = 2 scales the state instead of reflecting it (the library warns above 2). Use "
+            "unit keys, or β = 2/‖k‖²."),
     Mistake("reads-the-answer", _parity_from_the_answer,
             "−2 means: flipping one bit j changed your q, k, v or β at another position t ≠ j. A head sees one "
             "token at a time: its inputs at t may depend on bit t only, so the parity must come from the "
@@ -244,7 +310,7 @@ def _projections(m):
     return keys, np.array([1.0, 1.0])
 
 
-_projections.shows = lambda construction: np.allclose(np.asarray(construction[1], float), 1.0, atol=0.05)
+_projections.shows = lambda construction, *case: np.allclose(np.asarray(construction[1], float), 1.0, atol=0.05)
 
 
 def _degrees(m):
@@ -253,7 +319,7 @@ def _degrees(m):
     return np.stack([np.cos(angles), np.sin(angles)], axis=-1), np.array([2.0, 2.0])
 
 
-_degrees.shows = lambda construction: True  # the last resort: the diagnostic above says what the transition does
+_degrees.shows = lambda construction, *case: True  # the last resort: the diagnostic above says what the transition does
 
 
 def _padded(m):
@@ -354,12 +420,63 @@ MISTAKES_13_3 = (
 )
 
 
+def _answer_slip(families, part, example):
+    """A slip recognised by the learner's answer for one of ``families`` (``shows``): ``part="verdict"`` the
+    can-track answer is wrong; ``part="lowest"`` it is right and the lowest real part is not.  Called, it
+    answers as ``_families_slip(example)``: one instance of the slip."""
+    def shows(answer, family):
+        if family not in families:
+            return False
+        can, lowest = _ANSWERS[family]
+        verdict_right = bool(np.asarray(answer[0])) == can
+        if part == "verdict":
+            return not verdict_right
+        return verdict_right and abs(float(np.asarray(answer[1])) - lowest) > 1e-9
+    slip = _families_slip(example)
+    slip.shows = shows
+    return slip
+
+
+SETTLING = FAMILIES[:5]  # every eigenvalue real and in [0, 1]
+MISTAKES_13_3 += (
+    Mistake("settling-family-tracks", _answer_slip(SETTLING, "verdict", {2: (True, 0.0)}),
+            "every transition of this family has real eigenvalues in [0, 1] (decays, steps I − β k kᵀ with β ≤ 1, "
+            "and their products): on a run of 1s the state moves monotonically along each eigenvector and settles, "
+            "so no read-out alternates beyond the lengths it was fitted on (Theorem 1, §13.2)."),
+    Mistake("cycling-family-cannot-track", _answer_slip(FAMILIES[5:], "verdict", {5: (False, 0.0)}),
+            "this family reaches an eigenvalue off [0, ∞) — negative (a reflection) or complex with |λ| = 1 (a "
+            "rotation) — so a run of 1s can make the state cycle instead of settle; a cycle of even length holds "
+            "the parity."),
+    Mistake("lowest-linear-attention", _answer_slip(FAMILIES[:1], "lowest", {0: (False, 0.5)}),
+            "linear attention's transition is the identity: every eigenvalue is 1 (it only adds)."),
+    Mistake("lowest-decay", _answer_slip(FAMILIES[1:2], "lowest", {1: (False, -1.0)}),
+            "the eigenvalues of Diag(a) are the decays a = exp(log a), log a ≤ 0: how low can a number in (0, 1] "
+            "go, and can it be negative?"),
+    Mistake("lowest-delta-beta-one", _answer_slip(FAMILIES[2:3], "lowest", {2: (False, -1.0)}),
+            "along a unit key I − β k kᵀ has the eigenvalue 1 − β (every other eigenvalue is 1): take the lowest "
+            "over β ∈ [0, 1]."),
+    Mistake("lowest-gated-delta", _answer_slip(FAMILIES[3:4], "lowest", {3: (False, 1.0)}),
+            "a gate a ∈ (0, 1] times I − β k kᵀ with β ∈ [0, 1]: each eigenvalue is a product of two numbers in "
+            "[0, 1]."),
+    Mistake("lowest-deltaproduct-beta-one", _answer_slip(FAMILIES[4:5], "lowest", {4: (False, -1.0)}),
+            "each step I − β k kᵀ with β ≤ 1 is positive semi-definite, and a product of two such matrices has real "
+            "eigenvalues ≥ 0; a projection (β = 1) reaches the bottom of that range."),
+    Mistake("lowest-delta-beta-two", _answer_slip(FAMILIES[5:6], "lowest", {5: (True, 0.0)}),
+            "along a unit key I − β k kᵀ has the eigenvalue 1 − β: take the lowest over β ∈ [0, 2]."),
+    Mistake("lowest-rotation", _answer_slip(FAMILIES[6:7], "lowest", {6: (True, 1.0)}),
+            "e^{iθ} has real part cos θ, and θ may be any angle."),
+    Mistake("lowest-small-angle", _answer_slip(FAMILIES[7:], "lowest", {7: (True, 1.0)}),
+            "e^{iθ} has real part cos θ, which falls as θ grows from 0 to π/3: the lowest is at the end of the range, "
+            "not at 0 or −1."),
+)
+
+
 def _cases_13_3():
     return [(family, (family,), {}) for family in FAMILIES]
 
 
-exercise_13_3 = Exercise("13.3", "which transitions can track parity", _families_reference, _cases_13_3,
-                         MISTAKES_13_3, names=("can track parity", "lowest real part of an eigenvalue"), atol=1e-9,
-                         rtol=0)
+exercise_13_3 = _Construction("13.3", "which transitions can track parity", _families_reference, _cases_13_3,
+                              MISTAKES_13_3, names=("can track parity", "lowest real part of an eigenvalue"), atol=1e-9,
+                              rtol=0, run=lambda answers: answers)  # the answers are what is compared
 
 EXERCISES = [exercise_13_1, exercise_13_2, exercise_13_3]
