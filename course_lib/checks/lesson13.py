@@ -187,8 +187,9 @@ MISTAKES_13_1 = (
             "your head's outputs are not zero, but all lie within ±0.25, where the read-out cannot tell even from "
             "odd: write a larger first value (or read with a longer query)."),
     Mistake("empty-state", _parity_slip(first_write=False),
-            "the state starts at zero, and a reflection of zero is zero: every output is 0. Something must be "
-            "written before the first reflection."),
+            "every output is 0: nothing in the state lies along the key your query reads and your 1-bits "
+            "reflect. The state starts at zero and a reflection of zero is zero, so the first write must put "
+            "something along that key before the first reflection."),
     Mistake("beta-one", _parity_slip(beta_one=1.0),
             "β = 1 is a projection, not a reflection: I − k kᵀ has the eigenvalue 0 along k, so a 1-bit erases "
             "the state instead of flipping its sign. β = 2 gives the eigenvalue −1."),
