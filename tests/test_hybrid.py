@@ -313,6 +313,26 @@ def test_layer_specs_with_options(dtype):
     _check_prefill_then_steps(model, _tokens(), 5, TOLERANCES[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_sliding_window_sees_its_last_w_keys(dtype):
+    # window >= n: the full layer; a window of w: a change w or more tokens back changes nothing; the cache
+    # counts what a ring buffer of w keys holds, and prefill + steps = forward as for every mixer
+    full, wide = _model(["softmax"], dtype), _model([("softmax", {"window": N})], dtype)
+    torch.testing.assert_close(wide(_tokens()), full(_tokens()), **TOLERANCES[dtype])
+    model, tokens = _model(HYBRID[:3] + [("softmax", {"window": 3})], dtype), _tokens()
+    _check_prefill_then_steps(model, tokens, 5, TOLERANCES[dtype])
+    alone = _model([("softmax", {"window": 3})], dtype)
+    changed = tokens.clone()
+    changed[:, 4] = (changed[:, 4] + 1) % VOCAB
+    same = alone(changed)[:, 7:] - alone(tokens)[:, 7:]  # positions 7 on: token 4 is 3 or more back
+    assert same.abs().max() == 0 and (alone(changed)[:, 4:7] - alone(tokens)[:, 4:7]).abs().amax(-1).min() > 0
+    _, cache = alone.prefill(tokens)
+    assert cache.nbytes() == 2 * 3 * D_MODEL * torch.finfo(dtype).bits // 8
+    assert "window=3" in repr(alone)
+    with pytest.raises(ValueError, match="window must be None"):
+        HybridLM(VOCAB, layers=[("softmax", {"window": 0})])
+
+
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match=r"layers must be a non-empty sequence of mixer names .*unknown: \['mamba'\]"):
         HybridLM(VOCAB, layers=["softmax", "mamba"])

@@ -196,8 +196,9 @@ class GatedLinearAttention(_RecurrentMixer):
     Args:
         d_model, n_heads: width and heads.
         decay: ``"none"`` (a_t = 1: linear attention without a normaliser), ``"fixed"`` (RetNet: a
-            constant a per head, 1 − 2^(−5−i) for head i of 8, spread over the heads), ``"head"`` (a
-            data-dependent a_t per head and token: Mamba-2 / simple GLA), ``"channel"`` (one per key
+            constant a per head, 1 − 2^(−5−i) for head i of 8, spread over the heads; one head keeps
+            1 − 2^(−5) alone, as RetNet's own rule does), ``"head"`` (a data-dependent a_t per head and
+            token: simple GLA; Mamba-2 also scales the write by its step Δ_t), ``"channel"`` (one per key
             channel: GLA).  Data-dependent decays are log a_t = −exp(A)·softplus(x w + b), Mamba-2's
             parametrisation, whose log is finite and ≤ 0 by construction.
         conv_size: the short convolution's width (0: none, SiLU on q and k only).

@@ -104,15 +104,20 @@ class SoftmaxAttention(nn.Module):
 
     The mixer interface of ``course_lib.torch._mixers``: ``empty_state(b)``, ``prefill(x, state, *,
     key_mask)`` and ``step(x_t, state)``; the state is ``KeyValues``, its buffers written in place.
+    ``window=w`` (sliding-window attention, as in Mistral or Gemma's local layers): a query sees its own
+    key and the w − 1 before it.  The cache still keeps every key (simple, and ``rollback`` needs nothing
+    else); a serving system keeps the last w in a ring buffer, which ``HybridCache.nbytes`` counts.
     """
 
-    def __init__(self, d_model, n_heads):
+    def __init__(self, d_model, n_heads, *, window=None):
         super().__init__()
         _validate.check_heads(d_model, n_heads)
         if (d_model // n_heads) % 2:
             raise ValueError(f"rotary positions rotate pairs of channels: the head dim d_model / n_heads must be even, "
                              f"got {d_model} / {n_heads} = {d_model // n_heads}.")
-        self.n_heads, self.head_dim = n_heads, d_model // n_heads
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ValueError(f"window must be None (every earlier key) or a positive int, got {window!r}.")
+        self.n_heads, self.head_dim, self.window = n_heads, d_model // n_heads, window
         for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
             setattr(self, name, nn.Linear(d_model, d_model, bias=False))
 
@@ -132,7 +137,10 @@ class SoftmaxAttention(nn.Module):
         s = max(int(lengths.max()), 1)  # slot 0 exists even before any token (``_append``)
         # the slots up to its own; a pad before any token reads slot 0, not nothing: a query with no key is
         # NaN in some versions of scaled_dot_product_attention, and a pad's output is never read
-        allowed = torch.arange(s, device=x.device) <= positions.clamp(min=0)[..., None]  # (b, n, s)
+        slots, last = torch.arange(s, device=x.device), positions.clamp(min=0)[..., None]  # (s,), (b, n, 1)
+        allowed = slots <= last  # (b, n, s)
+        if self.window is not None:
+            allowed = allowed & (slots > last - self.window)  # the last ``window`` keys, its own included
         out = nn.functional.scaled_dot_product_attention(q, keys[:, :, :s], values[:, :, :s],
                                                          attn_mask=allowed[:, None])  # (b, h, n, e)
         return self.out_proj(out.transpose(1, 2).flatten(2)), KeyValues(keys, values, lengths)  # (b, n, d_model)
@@ -142,12 +150,16 @@ class SoftmaxAttention(nn.Module):
         out, state = self.prefill(x_t[:, None], state)
         return out[:, 0], state
 
+    def extra_repr(self):
+        return f"n_heads={self.n_heads}, window={self.window}"
+
 
 def make_mixer(spec, d_model, n_heads, conv_size, chunk_size):
     """The mixer a layer spec stands for: a name from ``MIXERS``, or ``(name, options)`` for its keywords.
 
     ``("deltanet", {"negative_eigenvalues": True})`` is DeltaNet with β in (0, 2);
-    ``("deltaproduct", {"n_householder": 3})`` three reflections a token.
+    ``("deltaproduct", {"n_householder": 3})`` three reflections a token; ``("softmax", {"window": 16})`` a
+    sliding window of 16 keys.
     """
     name, options = (spec, {}) if isinstance(spec, str) else spec
     if name == "softmax":
@@ -194,25 +206,29 @@ class HybridCache:
         states: per layer, ``KeyValues`` (softmax) or ``MixerState`` (recurrent).
         lengths: ``(b,)`` the real tokens each sequence has seen.
         tokens: ``(b, capacity)`` those tokens, in slots ``[0, lengths)``: what ``rollback`` replays.
+        windows: per layer, a softmax layer's window (None: every key; None too for a recurrent layer).
     """
 
-    def __init__(self, owner, states, lengths, tokens):
+    def __init__(self, owner, states, lengths, tokens, windows=None):
         self.owner, self.states, self.lengths, self.tokens = owner, states, lengths, tokens
+        self.windows = [None] * len(states) if windows is None else list(windows)
 
     def copy(self):
         """A snapshot: later calls on this cache or on the snapshot never change the other."""
         states = [type(state)(*(t.clone() for t in state)) for state in self.states]
-        return HybridCache(self.owner, states, self.lengths.clone(), self.tokens.clone())
+        return HybridCache(self.owner, states, self.lengths.clone(), self.tokens.clone(), self.windows)
 
     def nbytes(self):
         """Bytes of state per sequence at the longest sequence's length (not the buffers' slack, nor ``tokens``).
 
-        A softmax layer's grows with the length; a recurrent layer's does not.
+        A softmax layer's grows with the length (a sliding window's up to its window); a recurrent layer's
+        does not.
         """
         longest, total = int(self.lengths.max()), 0
-        for state in self.states:
+        for state, window in zip(self.states, self.windows, strict=True):
             if isinstance(state, KeyValues):
-                total += 2 * state.keys[0, :, :longest].numel() * state.keys.element_size()
+                kept = longest if window is None else min(longest, window)  # a window's ring buffer
+                total += 2 * state.keys[0, :, :kept].numel() * state.keys.element_size()
             else:
                 total += sum(t[0].numel() * t.element_size() for t in state)
         return total
@@ -232,7 +248,7 @@ class HybridLM(nn.Module):
             decay ``"none"``, ``"fixed"``, ``"head"``, ``"channel"``), ``"deltanet"``, ``"gated_deltanet"``,
             ``"kda"`` (``DeltaNet`` with gated ``False``, ``"head"``, ``"channel"``), ``"deltaproduct"``; or a
             ``(name, options)`` pair whose options go to the mixer:
-            ``("deltanet", {"negative_eigenvalues": True})``.
+            ``("deltanet", {"negative_eigenvalues": True})``, ``("softmax", {"window": 16})``.
         d_model, n_heads: width and heads of every layer.
         conv_size, chunk_size: the recurrent layers' short convolution and chunk length.
     """
@@ -256,7 +272,8 @@ class HybridLM(nn.Module):
         device = self.embed.weight.device
         states = [block.mixer.empty_state(batch_size) for block in self.blocks]
         return HybridCache(self._cache_key, states, torch.zeros(batch_size, dtype=torch.long, device=device),
-                           torch.zeros(batch_size, 0, dtype=torch.long, device=device))
+                           torch.zeros(batch_size, 0, dtype=torch.long, device=device),
+                           [getattr(block.mixer, "window", None) for block in self.blocks])
 
     def forward(self, tokens, *, key_mask=None):
         """Logits of every position in parallel: ``tokens (b, n)`` → ``(b, n, vocab)``; ``prefill`` from empty."""
