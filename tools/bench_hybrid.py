@@ -14,7 +14,8 @@ Measured, under ``torch.inference_mode()``, on ``--threads`` threads (default on
 - ``decode``: at each position p (1,024 … 16,384) the cache is filled by chunked prefills of
   ``PIECE`` tokens to p − 1 tokens, then ``--steps`` consecutive one-token steps are timed one by one
   (after ``WARMUP`` untimed ones); ``time_min_s`` and ``time_median_s`` per token.  ``cache_bytes``:
-  ``HybridCache.nbytes()`` at p (the keys and values in use, or the recurrent states).
+  ``HybridCache.nbytes()`` before the first timed step, after the warm-up: p − 1 + ``WARMUP`` tokens
+  (the keys and values in use, or the recurrent states).
   ``bytes_read``: what one step must read from memory: every parameter except the embedding table
   (one row of it) plus the cache — the decode roofline's numerator.
 - ``bandwidth_gbs``: this machine's memory read bandwidth on the same threads, a sum over a 512 MiB
@@ -97,7 +98,7 @@ def decode_rows(name, model, positions, steps, generator):
         times = []
         for i, token in enumerate(tokens):
             if i == WARMUP:
-                nbytes = cache.nbytes()  # p − 1 tokens seen, token p about to be read: what step p reads
+                nbytes = cache.nbytes()  # after the warm-up: p + 3 tokens seen, what the first timed step reads
             seconds = _seconds(lambda token=token, cache=cache: model.step(token[None], cache))
             if i >= WARMUP:
                 times.append(seconds)
