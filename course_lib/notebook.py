@@ -27,6 +27,7 @@ LESSONS = {
     "11_state_capacity": "11 · What a fixed state remembers",
     "12_chunkwise_gating_delta": "12 · Chunkwise-parallel gating and the delta rule",
     "13_state_tracking": "13 · What a state can compute",
+    "14_hybrids_and_the_cache": "14 · Hybrid models and the state cache",
 }
 
 

@@ -141,6 +141,38 @@ def test_a_non_finite_answer_is_named_first(exercise, value, capsys):
     assert "|difference| 0)" not in text, text
 
 
+def _one_row_more(result):
+    """``result`` with a row appended to its first array along axis 0: a shape that need not broadcast."""
+    import numpy as np
+    import torch
+
+    if isinstance(result, (tuple, list)):
+        for i, item in enumerate(result):
+            grown = _one_row_more(item)
+            if grown is not None:
+                return type(result)([*result[:i], grown, *result[i + 1:]])
+        return None
+    if isinstance(result, torch.Tensor) and result.dim() >= 1 and result.shape[0] >= 2:
+        return torch.cat([result, result[:1]])
+    if isinstance(result, np.ndarray) and result.ndim >= 1 and result.shape[0] >= 2:
+        return np.concatenate([result, result[:1]])
+    return None
+
+
+GROWABLE = [e for e in EXERCISES if _one_row_more(_first_result(e)) is not None]
+
+
+@pytest.mark.parametrize("exercise", GROWABLE, ids=lambda e: e.number)
+def test_a_wrong_shape_fails_the_check_without_raising(exercise):
+    # A state that keeps one row too many ((K, d) where (K - 1, d) is expected, exercise 14.2) does not broadcast
+    # against the library's: the check must fail and say so, never raise from inside its hints.
+    def candidate(*args, **kwargs):
+        return _one_row_more(exercise.reference(*args, **kwargs))
+
+    result = exercise(candidate)  # raising here fails the test
+    assert result.status == FAILED, f"{exercise.number}: a result with one row too many passed"
+
+
 def test_an_unbatched_answer_gets_the_batched_hint(capsys):
     import numpy as np
 

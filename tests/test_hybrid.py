@@ -1,14 +1,17 @@
 """HybridLM and its cache (torch/hybrid.py): forward = prefill + steps, any split of the prompt, padding
-that never writes a state (and a broken variant that does, caught), snapshots, rollback, generation,
-the cache's size and bad arguments.  Every mixer alone, and a 3:1 hybrid."""
+that never writes a state, snapshots, rollback, generation, the cache's size and bad arguments.  Every mixer
+alone, and a 3:1 hybrid; each invariant in float64 and float32, and each beside a broken variant that its check
+catches (pads that write, a zero-padded last chunk, a restarted convolution or position offset, a snapshot that
+is the cache itself, a rollback that only shortens the lengths)."""
 
 import pytest
 import torch
 from torch import nn
 
+from course_lib.torch import hybrid
 from course_lib.torch._mixers import _RecurrentMixer
 from course_lib.torch.gated import DEFAULT_CHUNK_SIZE
-from course_lib.torch.hybrid import MIXERS, HybridLM, KeyValues
+from course_lib.torch.hybrid import MIXERS, HybridCache, HybridLM, KeyValues
 from course_lib.torch.modules import DeltaNet, GatedLinearAttention
 from tests.conftest import requires_cuda
 
@@ -18,6 +21,10 @@ LAYERS = [[name] for name in MIXERS] + [HYBRID]
 IDS = [*MIXERS, "hybrid"]
 # float64: the chunked and step forms agree to rounding; float32: to its rounding over a few layers
 TOLERANCES = {torch.float64: dict(rtol=1e-10, atol=1e-10), torch.float32: dict(rtol=1e-5, atol=1e-5)}
+
+
+RECURRENT = [layers for layers in LAYERS if layers != ["softmax"]]
+RECURRENT_IDS = [name for name in IDS if name != "softmax"]
 
 
 def _model(layers, dtype=torch.float64, seed=0, **options):
@@ -72,19 +79,46 @@ def test_forward_equals_prefill_then_steps_at_every_position(layers, dtype, star
     _check_prefill_then_steps(model, _tokens(), start, TOLERANCES[dtype])
 
 
-@pytest.mark.parametrize("layers", LAYERS, ids=IDS)
-@pytest.mark.parametrize("pieces", [(1,) * N, (3, 10), (1, 2, 3, 7), (4, 4, 5), (5, 5, 3), (2, 11)])
-def test_any_split_of_the_prompt_gives_the_same_state_and_logits(layers, pieces):
-    # pieces shorter than a chunk, a last partial chunk, pieces that are not multiples of the chunk size
-    model, tokens = _model(layers), _tokens()
+def _check_split(model, tokens, pieces, tolerance):
+    """Prefilling ``tokens`` in ``pieces`` gives the logits and the state of one prefill of them all."""
     expected_logits, expected = model.prefill(tokens)
-    cache, logits, start = model.empty_cache(2), [], 0
+    cache, logits, start = model.empty_cache(len(tokens)), [], 0
     for length in pieces:
         piece_logits, cache = model.prefill(tokens[:, start:start + length], cache)
         logits.append(piece_logits)
         start += length
-    torch.testing.assert_close(torch.cat(logits, dim=1), expected_logits, **TOLERANCES[torch.float64])
-    _assert_same_state(cache, expected, **TOLERANCES[torch.float64])
+    torch.testing.assert_close(torch.cat(logits, dim=1), expected_logits, **tolerance)
+    _assert_same_state(cache, expected, **tolerance)
+
+
+@pytest.mark.parametrize("layers", LAYERS, ids=IDS)
+@pytest.mark.parametrize("pieces", [(1,) * N, (3, 10), (1, 2, 3, 7), (4, 4, 5), (5, 5, 3), (2, 11)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_any_split_of_the_prompt_gives_the_same_state_and_logits(layers, pieces, dtype):
+    # pieces shorter than a chunk, a last partial chunk, pieces that are not multiples of the chunk size
+    _check_split(_model(layers, dtype), _tokens(), pieces, TOLERANCES[dtype])
+
+
+def test_a_softmax_layer_that_restarts_its_positions_fails_the_split_check(monkeypatch):
+    # The check has teeth for a softmax layer: a cache that forgets its offset (every piece's positions and slots
+    # counted from 0, as if the cache were empty) fails it
+    original = hybrid._slots
+    monkeypatch.setattr(hybrid, "_slots", lambda lengths, real: original(torch.zeros_like(lengths), real))
+    with pytest.raises(AssertionError):
+        _check_split(_model(["softmax"]), _tokens(), (4, 4, 5), TOLERANCES[torch.float64])
+
+
+@pytest.mark.parametrize("layers", RECURRENT, ids=RECURRENT_IDS)
+def test_a_prefill_that_restarts_the_convolution_fails_the_split_check(layers, monkeypatch):
+    # ... and for a recurrent one: a prefill that carries S but not the short convolution's last inputs
+    original = _RecurrentMixer.prefill
+
+    def conv_restarts(self, x, state=None, *, key_mask=None):
+        state = None if state is None else state._replace(conv=torch.zeros_like(state.conv))
+        return original(self, x, state, key_mask=key_mask)
+    monkeypatch.setattr(_RecurrentMixer, "prefill", conv_restarts)
+    with pytest.raises(AssertionError):
+        _check_split(_model(layers), _tokens(), (4, 4, 5), TOLERANCES[torch.float64])
 
 
 def _padded(tokens, lengths, side):
@@ -151,10 +185,6 @@ def test_a_piece_of_pads_alone_changes_nothing(layers):
     _assert_same_state(model.prefill(tokens, cache)[1], model.prefill(tokens)[1], **TOLERANCES[torch.float64])
 
 
-RECURRENT = [layers for layers in LAYERS if layers != ["softmax"]]
-RECURRENT_IDS = [name for name in IDS if name != "softmax"]
-
-
 @pytest.mark.parametrize("layers", RECURRENT, ids=RECURRENT_IDS)
 @pytest.mark.parametrize("side", ["right", "left"])
 def test_a_prefill_that_lets_pads_write_fails_the_padding_check(layers, side, monkeypatch):
@@ -188,33 +218,70 @@ def test_a_zero_padded_last_chunk_that_updates_the_state_fails_prefill_then_step
         _check_prefill_then_steps(model, tokens, 5, TOLERANCES[torch.float64])
 
 
-@pytest.mark.parametrize("layers", LAYERS, ids=IDS)
-def test_a_snapshot_continues_exactly(layers):
-    model, tokens = _model(layers), _tokens()
+def _check_snapshot(model, tokens, tolerance):
+    """A ``copy()`` taken after 6 tokens does not move while the cache goes on, and continues exactly."""
     _, cache = model.prefill(tokens[:, :6])
     snapshot, untouched = cache.copy(), cache.copy()
     model.prefill(_tokens(seed=5)[:, :7], cache)  # the original moves on, with other tokens
     model.step(tokens[:, 0], cache)
     _assert_same_state(snapshot, untouched, rtol=0, atol=0)  # the snapshot did not move
     continued = torch.cat([model.prefill(tokens[:, 6:9], snapshot)[0], _steps(model, tokens[:, 9:], snapshot)], dim=1)
-    torch.testing.assert_close(continued, model(tokens)[:, 6:], **TOLERANCES[torch.float64])
-    _assert_same_state(untouched, model.prefill(tokens[:, :6])[1], rtol=0, atol=0)  # nor did the copy
+    torch.testing.assert_close(continued, model(tokens)[:, 6:], **tolerance)
+    _assert_same_state(untouched, model.prefill(tokens[:, :6])[1], **tolerance)  # nor did the copy
 
 
 @pytest.mark.parametrize("layers", LAYERS, ids=IDS)
-@pytest.mark.parametrize("j", [0, 3, 8])
-def test_rollback_of_j_tokens_equals_never_having_seen_them(layers, j):
-    model, tokens = _model(layers), _tokens()
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_snapshot_continues_exactly(layers, dtype):
+    _check_snapshot(_model(layers, dtype), _tokens(), TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize("layers", LAYERS, ids=IDS)
+def test_a_snapshot_that_shares_the_caches_buffers_fails_the_snapshot_check(layers, monkeypatch):
+    # The check has teeth: a "snapshot" that is the cache itself (a reference kept, not a copy) moves with it
+    monkeypatch.setattr(HybridCache, "copy", lambda self: self)
+    with pytest.raises(AssertionError):
+        _check_snapshot(_model(layers), _tokens(), TOLERANCES[torch.float64])
+
+
+def _check_rollback(model, tokens, j, tolerance, rollback=None):
+    """Rolling back the last ``j`` of 13 tokens (a snapshot after 5) equals a cache that saw only ``13 − j``."""
     _, cache = model.prefill(tokens[:, :5])
     snapshot = cache.copy()
     model.prefill(tokens[:, 5:11], cache)
     _steps(model, tokens[:, 11:], cache)  # 13 tokens seen
-    rolled = model.rollback(cache, j, snapshot=snapshot)
+    rolled = (rollback or model.rollback)(cache, j, snapshot=snapshot)
     _, expected = model.prefill(tokens[:, :N - j])
-    _assert_same_state(rolled, expected, **TOLERANCES[torch.float64])
+    _assert_same_state(rolled, expected, **tolerance)
     following = _tokens(n=2, seed=3)
-    torch.testing.assert_close(_steps(model, following, rolled), _steps(model, following, expected),
-                               **TOLERANCES[torch.float64])
+    torch.testing.assert_close(_steps(model, following, rolled), _steps(model, following, expected), **tolerance)
+
+
+@pytest.mark.parametrize("layers", LAYERS, ids=IDS)
+@pytest.mark.parametrize("j", [0, 3, 8])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_rollback_of_j_tokens_equals_never_having_seen_them(layers, j, dtype):
+    _check_rollback(_model(layers, dtype), _tokens(), j, TOLERANCES[dtype])
+
+
+def _cut(cache, j, *, snapshot):
+    """A transformer server's rollback: every length shortened by ``j``, every other buffer kept as it is."""
+    cut = cache.copy()
+    cut.lengths -= j
+    cut.states = [KeyValues(s.keys, s.values, s.lengths - j) if isinstance(s, KeyValues) else s for s in cut.states]
+    return cut
+
+
+def test_cutting_the_lengths_rolls_back_a_softmax_layer():
+    # For keys and values, forgetting is shortening: the rollback check passes ...
+    _check_rollback(_model(["softmax"]), _tokens(), 3, TOLERANCES[torch.float64], rollback=_cut)
+
+
+@pytest.mark.parametrize("layers", RECURRENT, ids=RECURRENT_IDS)
+def test_cutting_the_lengths_fails_the_rollback_check_with_a_state(layers):
+    # ... but a state has summed the last tokens in: a cut rollback keeps them, and the check catches it
+    with pytest.raises(AssertionError):
+        _check_rollback(_model(layers), _tokens(), 3, TOLERANCES[torch.float64], rollback=_cut)
 
 
 def test_rollback_of_a_padded_batch_and_its_bad_snapshots():
