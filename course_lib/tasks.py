@@ -454,7 +454,8 @@ def mqar_batch(batch_size, n_pairs, generator, *, n_keys=32, n_values=32):
     return tokens, targets
 
 
-def mqar_model(mixer, vocab_size, max_len, *, d_model=64, n_heads=1, n_layers=2, conv_size=4, chunk_size=32):
+def mqar_model(mixer, vocab_size, max_len, *, d_model=64, n_heads=1, n_layers=2, conv_size=4, chunk_size=32,
+               positions=True):
     """Notebook 07's ``CausalLM`` with its attention swapped for one of ``MIXERS``. Notebook 11, Section 11.4.
 
     Every block stays ``x + mixer(norm(x))``, then ``x + mlp(norm(x))``; only the token mixer
@@ -472,7 +473,13 @@ def mqar_model(mixer, vocab_size, max_len, *, d_model=64, n_heads=1, n_layers=2,
         vocab_size, max_len, d_model, n_heads, n_layers: as for ``CausalLM``.
         conv_size: the short causal convolution's width, every mixer alike (0: none).
         chunk_size: the recurrent mixers' chunk length (None: the token loop).
+        positions: keep ``CausalLM``'s learned absolute position embeddings (the default).  False
+            sets them to zero and freezes them, as recurrent language models are built: order then
+            comes from the short convolution and the recurrence alone (with them a trained model can
+            weight later writes more and imitate an overwrite).  The other weights are drawn exactly
+            as with positions, so a seed gives the same initial model either way.
     """
+    import torch
     from torch import nn
 
     from course_lib.torch._mixers import ShortConvolution
@@ -494,6 +501,10 @@ def mqar_model(mixer, vocab_size, max_len, *, d_model=64, n_heads=1, n_layers=2,
                                   chunk_size=chunk_size)
         block.attention = mixer
     model.attention = mixer
+    if not positions:  # zero and frozen: x = embed(token) + 0 at every position
+        with torch.no_grad():
+            model.position.weight.zero_()
+        model.position.weight.requires_grad_(False)
     return model
 
 
