@@ -39,6 +39,7 @@ thread; ``--jobs`` runs that many at once.
 """
 
 import argparse
+import itertools
 import multiprocessing
 import pathlib
 import sys
@@ -127,7 +128,7 @@ def train_recall(model, seed, steps, batch_size, lr):
     def next_loss():
         return tasks.reversal_loss(model, *tasks.mqar_batch(batch_size, N_PAIRS, generator, **RECALL))
 
-    history = _train(model, next_loss, lambda step: score_recall(model, *held_out)[:2], steps, lr)
+    history = _train(model, next_loss, lambda: score_recall(model, *held_out)[:2], steps, lr)
     loss, accuracy, by_distance, per_row, per_row_far = score_recall(model, *held_out)
     return dict(history, accuracy=accuracy, by_distance=by_distance, per_row=per_row, per_row_far=per_row_far)
 
@@ -166,14 +167,14 @@ def score_text(model, windows):
 def train_text(model, seed, steps, batch_size, lr):
     stream, windows = text_data()
     generator = torch.Generator().manual_seed(batch_seed(seed))
-    control = {}
+    control, evaluated_at = {}, itertools.count(EVAL_EVERY, EVAL_EVERY)  # the step of each score() call
 
     def next_loss():
         return tasks.reversal_loss(model, *text_batch(stream, batch_size, generator))
 
-    def score(step):
+    def score():
         loss, per_passage = score_text(model, windows)
-        if step == CONTROL_STEP:
+        if next(evaluated_at) == CONTROL_STEP:
             control["per_passage_control"] = per_passage
         return loss, None
 
@@ -186,26 +187,14 @@ def train_text(model, seed, steps, batch_size, lr):
 
 
 def _train(model, next_loss, score, steps, lr):
-    """Adam on ``next_loss()`` for ``steps`` steps; ``score(step)`` → ``(held-out loss, accuracy or None)`` after
-    every ``EVAL_EVERY`` steps (drawing nothing from the training batches)."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    history = dict(loss=[], eval_step=[], eval_loss=[], eval_accuracy=[])
-    model.train()
-    for step in range(1, steps + 1):
-        loss = next_loss()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if step <= LOSS_STEPS or step % 10 == 0:
-            history["loss"].append(loss.item())  # every step, then every 10th
-        if step % EVAL_EVERY == 0:
-            held_loss, accuracy = score(step)
-            model.train()
-            history["eval_step"].append(step)
-            history["eval_loss"].append(held_loss)
-            if accuracy is not None:
-                history["eval_accuracy"].append(accuracy)
-    return history
+    """``tasks.train_scored`` for ``steps`` steps, no early stop (``score()`` → ``(held-out loss, accuracy or None)``
+    after every ``EVAL_EVERY`` steps), stored as the sweep stores it: the training loss at every one of the first
+    ``LOSS_STEPS`` steps then at every 10th, and the held-out accuracy only where there is one."""
+    history = tasks.train_scored(model, next_loss, score, steps=steps, lr=lr, eval_every=EVAL_EVERY)
+    return dict(loss=[loss for step, loss in zip(history["step"], history["loss"], strict=True)
+                      if step <= LOSS_STEPS or step % 10 == 0],
+                eval_step=history["eval_step"], eval_loss=history["eval_loss"],
+                eval_accuracy=[a for a in history["eval_accuracy"] if a is not None])
 
 
 def run(job):
