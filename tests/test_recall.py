@@ -1,12 +1,14 @@
 """Notebook 11's recall tasks, their hand-set controls and the sweep protocol (``course_lib.recall``)."""
 
+import json
 import pathlib
 import sys
 
+import numpy as np
 import pytest
 import torch
 
-from course_lib import recall, tasks
+from course_lib import data_path, recall, tasks
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tools"))
 import train_recall  # noqa: E402
@@ -242,3 +244,36 @@ def test_sign_flip_test_finds_a_shift_and_not_noise():
     assert recall.paired_sign_flip_test([1.0, 1.0], [1.0, 1.0])["p"] == 1.0  # no difference at all
     with pytest.raises(ValueError, match="same units"):
         recall.paired_sign_flip_test([1.0, 2.0], [1.0])
+
+
+@pytest.mark.parametrize("store", sorted(train_recall.STORES))
+def test_each_stored_sweep_matches_the_tool_and_replays(store):
+    stored = json.loads(data_path(store).read_text())
+    settings, runs = stored["settings"], stored["runs"]
+    families = train_recall.STORES[store]
+    assert settings["model"] == train_recall.MODEL and settings["lrs"] == list(train_recall.LRS)
+    assert settings["budgets"] == list(train_recall.BUDGETS) and settings["seeds"]["models"] == list(train_recall.SEEDS)
+    cells = {name: (task, positions) for family in families for name, task, positions in train_recall.CELLS[family]}
+    assert {name: (cell["task"], cell["positions"]) for name, cell in settings["cells"].items()} == cells
+    expected = {(name, mixer, lr, seed) for family in families for name, _, _ in train_recall.CELLS[family]
+                for mixer in train_recall.FAMILY_MIXERS[family] for lr in train_recall.LRS
+                for seed in train_recall.SEEDS}
+    assert sorted((r["cell"], r["mixer"], r["lr"], r["seed"]) for r in runs) == sorted(expected)  # each run once
+    for run in runs:
+        assert set(run["test_accuracy"]) == {str(b) for b in train_recall.BUDGETS}
+        assert all(0 <= a <= 1 for a in run["test_accuracy"].values())
+        assert len(run["test_rows_correct"]) == settings["test_batch"]
+    # the first steps of one stored run, trained again in one thread, give its logged losses
+    run = min(runs, key=lambda r: (r["seed"], r["lr"], r["cell"], r["mixer"]))
+    name, task, positions = next(c for f in families for c in train_recall.CELLS[f] if c[0] == run["cell"])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = train_recall.build(run["mixer"], task, positions, run["seed"])
+        batches = torch.Generator().manual_seed(train_recall.batch_seed(run["seed"]))
+        history = tasks.train_scored(
+            model, lambda: tasks.reversal_loss(model, *recall.task_batch(task, train_recall.BATCH_SIZE, batches)),
+            lambda: (0.0, 0.0), steps=5, lr=run["lr"], eval_every=100)
+    finally:
+        torch.set_num_threads(threads)
+    assert np.allclose(history["loss"], run["loss"][:5], rtol=0.02)
