@@ -514,34 +514,12 @@ def state_numbers(model):
     return sum(sizes) if sizes else None
 
 
-def train_mqar(model, *, n_pairs, steps, generator, eval_generator, batch_size=16, lr=3e-3, eval_every=100,
-               eval_batch=256, stop_accuracy=None, plateau=None, n_keys=32, n_values=32):
-    """Train ``model`` on fresh MQAR batches at a constant learning rate; score it on one held-out batch.
-
-    Adam at ``lr`` on a fresh batch from ``generator`` every step (as ``train``), no schedule: a
-    learning rate that decays early can stop a recurrent mixer before its late jump in recall.
-    After every ``eval_every`` steps the model is scored on one held-out batch
-    (``eval_generator``'s first draw); the run stops early when that accuracy reaches
-    ``stop_accuracy``, or when ``plateau_step`` (with the options in the dict ``plateau``) finds
-    the held-out loss has stopped falling; otherwise after ``steps``.  Scoring draws nothing from
-    ``generator``: the same seeds give the same run, however long it lasts.
-
-    Returns:
-        ``{"step", "loss"}`` (the training loss every step), ``{"eval_step", "eval_loss",
-        "eval_accuracy"}`` and ``"stop"``: ``"accuracy"``, ``"plateau"`` or ``"steps"``.
-    """
-    task = dict(n_keys=n_keys, n_values=n_values)
-    held_out = mqar_batch(eval_batch, n_pairs, eval_generator, **task)
-    return train_scored(model, lambda: reversal_loss(model, *mqar_batch(batch_size, n_pairs, generator, **task)),
-                        lambda: evaluate_batch(model, *held_out), steps=steps, lr=lr, eval_every=eval_every,
-                        stop_accuracy=stop_accuracy, plateau=plateau)
-
-
 def train_scored(model, next_loss, score, *, steps, lr=3e-3, eval_every=100, stop_accuracy=None, plateau=None):
     """Adam on ``next_loss()`` every step, ``score()`` after every ``eval_every`` steps, and an early stop.
 
-    The loop of ``train_mqar`` (notebook 11's runs of both tasks): ``next_loss()`` draws the next
-    batch and returns the model's loss on it; ``score()`` returns ``(loss, accuracy)`` on a fixed
+    The training loop of the stored runs of notebooks 11 and 14 (tools/train_recall.py,
+    train_copy_state.py, train_hybrids.py): ``next_loss()`` draws the next batch and returns the
+    model's loss on it; ``score()`` returns ``(loss, accuracy)`` on a fixed
     held-out batch without drawing from the training generator (it may leave the model in eval
     mode: training resumes in train mode).  The run stops when that accuracy reaches
     ``stop_accuracy``, when ``plateau_step`` (options in the dict ``plateau``) finds the held-out

@@ -1,17 +1,10 @@
 """Multi-query associative recall and notebook 11's models (Arora et al. 2023, Zoology, §3)."""
 
-import json
-import pathlib
-import sys
-
 import numpy as np
 import pytest
 import torch
 
-from course_lib import data_path, tasks
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tools"))
-import train_mqar  # noqa: E402
+from course_lib import tasks
 
 
 def _batch(b=64, n_pairs=6, seed=0, **task):
@@ -66,9 +59,10 @@ def test_training_stops_early_and_scoring_leaves_the_run_unchanged():
     def run(**options):
         torch.manual_seed(0)
         model = tasks.mqar_model("gate", 24, 9, d_model=16, n_heads=2)
-        return tasks.train_mqar(model, n_pairs=3, steps=6, generator=torch.Generator().manual_seed(1),
-                                eval_generator=torch.Generator().manual_seed(2), eval_batch=8, n_keys=16, n_values=8,
-                                **options)
+        batches, held_out = torch.Generator().manual_seed(1), _batch(8, 3, seed=2, n_keys=16, n_values=8)
+        return tasks.train_scored(
+            model, lambda: tasks.reversal_loss(model, *tasks.mqar_batch(16, 3, batches, n_keys=16, n_values=8)),
+            lambda: tasks.evaluate_batch(model, *held_out), steps=6, **options)
 
     full, scored = run(eval_every=100), run(eval_every=2)
     assert full["step"] == list(range(1, 7)) and full["stop"] == "steps" and full["eval_step"] == []
@@ -76,37 +70,3 @@ def test_training_stops_early_and_scoring_leaves_the_run_unchanged():
     assert np.allclose(full["loss"], scored["loss"], rtol=1e-6)  # the held-out batch draws nothing from training
     early = run(eval_every=2, stop_accuracy=0.0)
     assert early["stop"] == "accuracy" and early["step"] == [1, 2]
-
-
-def test_the_grid_covers_both_sweeps():
-    grid = train_mqar.grid(tasks.MIXERS)
-    assert len(grid) == len(set(grid)) == 3 + 5 * 5  # softmax at each N; five recurrent mixers in five cells
-    recurrent = {(n, h) for m, n, h in grid if m != "softmax"}
-    assert {(n, train_mqar.FIXED_HEADS) for n in train_mqar.PAIRS} <= recurrent
-    assert {(train_mqar.FIXED_PAIRS, h) for h in train_mqar.HEADS} <= recurrent
-
-
-def test_the_stored_sweep_matches_the_tool_and_replays():
-    stored = json.loads(data_path("mqar_runs.json").read_text())
-    settings, runs = stored["settings"], stored["runs"]
-    assert settings["task"] == train_mqar.TASK and settings["model"] == train_mqar.MODEL
-    assert settings["train"] == train_mqar.TRAIN and settings["plateau"] == train_mqar.PLATEAU
-    cells = {}
-    for run in runs:
-        cells.setdefault((run["mixer"], run["n_pairs"], run["n_heads"]), []).append(run["seed"])
-        assert run["stop"] in ("accuracy", "plateau") and 0 <= run["eval_accuracy"][-1] <= 1  # none at the cap
-        assert run["eval_step"][-1] <= settings["max_steps"]["softmax" if run["mixer"] == "softmax" else "recurrent"]
-    assert set(cells) == set(train_mqar.grid(tasks.MIXERS))
-    assert all(sorted(seeds) == list(train_mqar.SEEDS) for seeds in cells.values())
-    # the first steps of one stored run, trained again, give its logged losses (one thread, as stored)
-    run = next(r for r in runs if (r["mixer"], r["n_pairs"], r["n_heads"], r["seed"]) == ("deltanet", 2, 8, 0))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        model = train_mqar.build("deltanet", 2, 8, 0)
-        history = tasks.train_mqar(model, n_pairs=2, steps=10, generator=torch.Generator().manual_seed(
-            train_mqar.batch_seed(0)), eval_generator=torch.Generator().manual_seed(train_mqar.TEST_SEED),
-            **train_mqar.TASK, **train_mqar.TRAIN)
-    finally:
-        torch.set_num_threads(threads)
-    assert np.allclose(history["loss"], run["loss"][:10], rtol=0.02)
